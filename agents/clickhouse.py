@@ -1,0 +1,163 @@
+"""ClickHouse backends behind one small interface: embedded chDB and a server over the native protocol.
+
+Both take columnar batches; ``ts`` columns arrive as epoch milliseconds (``ts_ns`` for
+events) and each backend converts them to what its layout stores.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+import orjson
+
+from agents.settings import Settings
+from schemas import ddl
+
+log = logging.getLogger(__name__)
+Columns = dict[str, list[Any]]
+
+
+class ClickHouseError(RuntimeError):
+    """A ClickHouse statement failed; the message says which and why (never credentials)."""
+
+
+class Backend(Protocol):
+    layout: ddl.Layout
+    database: str
+
+    def execute(self, sql: str) -> None: ...
+    def rows(self, sql: str, params: dict[str, Any] | None = None) -> tuple[list[str], list[tuple[Any, ...]]]: ...
+    def insert(self, table: str, columns: Columns, token: str | None = None) -> None: ...
+    def close(self) -> None: ...
+
+
+def _ms_text(ms: int) -> str:
+    # Text keeps DateTime64(3) exact; a JSON float would be parsed through a double.
+    return f"{ms // 1000}.{ms % 1000:03d}"
+
+
+def _ns_text(ns: int) -> str:
+    return f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}"
+
+
+class ChdbBackend:
+    """Embedded ClickHouse (chDB): data in a local directory, no server. One per process."""
+
+    def __init__(self, path: str | Path, database: str) -> None:
+        from chdb import session  # imported here: loading the engine costs ~1 s
+
+        Path(path).mkdir(parents=True, exist_ok=True)
+        self.layout: ddl.Layout = "current"
+        self.database = ddl.check_identifier(database)
+        self._session = session.Session(str(path))  # type: ignore[no-untyped-call]
+
+    def _query(self, sql: str, fmt: str = "CSV", params: dict[str, Any] | None = None) -> Any:
+        try:
+            return self._session.query(sql, fmt, params=params) if params else self._session.query(sql, fmt)  # type: ignore[no-untyped-call]
+        except Exception as exc:
+            raise ClickHouseError(f"chDB: {exc}") from exc
+
+    def execute(self, sql: str) -> None:
+        self._query(sql)
+
+    def rows(self, sql: str, params: dict[str, Any] | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
+        res = self._query(sql, "JSONCompact", params)
+        raw = res.bytes()
+        if not raw:
+            return [], []
+        doc = orjson.loads(raw)
+        names = [m["name"] for m in doc["meta"]]
+        return names, [tuple(r) for r in doc["data"]]
+
+    def insert(self, table: str, columns: Columns, token: str | None = None) -> None:
+        cols = dict(columns)
+        if "ts" in cols:
+            conv = _ns_text if table == "k8s_events" else _ms_text
+            cols["ts"] = [conv(v) for v in cols["ts"]]
+        if "written_at" in cols:
+            cols["written_at"] = [_ms_text(v) for v in cols["written_at"]]
+        names = ", ".join(cols)
+        settings = f" SETTINGS insert_deduplication_token = '{token}'" if token else ""
+        payload = orjson.dumps(cols).decode()
+        self._query(f"INSERT INTO {self.database}.{ddl.check_identifier(table)} ({names}){settings} "
+                    f"FORMAT JSONColumns {payload}")
+
+    def close(self) -> None:
+        self._session.close()  # type: ignore[no-untyped-call]
+
+
+class NativeBackend:
+    """A ClickHouse server over the native protocol (clickhouse-driver), with retries."""
+
+    def __init__(self, settings: Settings, attempts: int = 5, backoff_s: float = 0.5) -> None:
+        from clickhouse_driver import Client
+
+        self.layout: ddl.Layout = settings.clickhouse_layout
+        self.database = ddl.check_identifier(settings.clickhouse_database)
+        self._attempts = attempts
+        self._backoff_s = backoff_s
+        kwargs: dict[str, Any] = {"host": settings.clickhouse_host, "port": settings.clickhouse_port,
+                                  "user": settings.clickhouse_user, "password": settings.clickhouse_password.get(),
+                                  "secure": settings.clickhouse_secure, "connect_timeout": 5,
+                                  "send_receive_timeout": 60, "client_name": "flopwatch"}
+        if settings.clickhouse_ca_certs:
+            kwargs["ca_certs"] = settings.clickhouse_ca_certs
+        self._client = Client(**kwargs)
+        self._where = f"{settings.clickhouse_host}:{settings.clickhouse_port}"
+
+    def _run(self, what: str, fn: Any) -> Any:
+        from clickhouse_driver.errors import Error, NetworkError, ServerException
+
+        delay = self._backoff_s
+        for attempt in range(1, self._attempts + 1):
+            try:
+                return fn()
+            except (NetworkError, EOFError, OSError) as exc:
+                if attempt == self._attempts:
+                    raise ClickHouseError(f"ClickHouse at {self._where} unreachable ({what}): {exc}") from exc
+                log.warning("ClickHouse %s failed (attempt %d/%d): %s; retrying", what, attempt, self._attempts, exc)
+                self._client.disconnect()
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
+            except (ServerException, Error) as exc:
+                raise ClickHouseError(f"ClickHouse at {self._where} refused {what}: {exc}") from exc
+        raise AssertionError("unreachable")
+
+    def execute(self, sql: str) -> None:
+        self._run("a statement", lambda: self._client.execute(sql))
+
+    def rows(self, sql: str, params: dict[str, Any] | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
+        data, types = self._run("a query", lambda: self._client.execute(sql, params, with_column_types=True))
+        return [name for name, _ in types], [tuple(r) for r in data]
+
+    def insert(self, table: str, columns: Columns, token: str | None = None) -> None:
+        cols = dict(columns)
+        if self.layout == "current":
+            if "ts" in cols:
+                div = 1e9 if table == "k8s_events" else 1e3
+                cols["ts"] = [datetime.fromtimestamp(v / div, UTC) for v in cols["ts"]]
+            if "written_at" in cols:
+                cols["written_at"] = [datetime.fromtimestamp(v / 1e3, UTC) for v in cols["written_at"]]
+        sql = f"INSERT INTO {self.database}.{ddl.check_identifier(table)} ({', '.join(cols)}) VALUES"
+        data: Sequence[list[Any]] = list(cols.values())
+        settings = {"insert_deduplication_token": token} if token and self.layout == "current" else None
+        self._run(f"an insert into {table}", lambda: self._client.execute(sql, data, columnar=True, settings=settings))
+
+    def close(self) -> None:
+        self._client.disconnect()
+
+
+def open_backend(settings: Settings) -> Backend:
+    if settings.clickhouse_backend == "chdb":
+        return ChdbBackend(settings.chdb_path, settings.clickhouse_database)
+    return NativeBackend(settings)
+
+
+def ensure_schema(backend: Backend) -> None:
+    for stmt in ddl.all_tables(backend.database, backend.layout):
+        backend.execute(stmt)

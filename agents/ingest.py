@@ -1,0 +1,260 @@
+"""The ingest worker: Kafka sensor topics -> validation -> grid alignment -> ClickHouse.
+
+Why a batch consumer and not one Faust agent per topic: a Faust event costs ~80 µs
+of machinery (DESIGN.md, Kafka), which caps single-sample messages near 12,000/s;
+aiokafka's ``getmany`` hands over thousands of records per call, so the per-sample
+cost is ours alone. The worker still runs inside the Faust app (``agents.app``).
+
+No loss, no duplicates, and why offsets are held back
+-----------------------------------------------------
+A sample sitting in an open grid cell is not durable yet. Rather than ack it and
+hope, the worker commits, per partition, only up to the oldest offset an open cell
+still depends on (``GridAligner.oldest_positions``), and only after the frames
+closed so far are in ClickHouse. After a crash or a rebalance, the next owner
+re-reads from that offset and rebuilds exactly the lost cells. Replayed samples
+whose tick is already written (ClickHouse's newest tick per node) are dropped, and
+the recorded read position tells a replayed sample from a genuinely late one,
+which goes to the dead-letter topic. Nothing is kept in Kafka changelogs: the
+state is small, rebuilt from Kafka, and ClickHouse is the single record of what
+was written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+
+from agents.clickhouse import Backend, ensure_schema, open_backend
+from agents.deadletter import DeadLetter
+from agents.producer import SampleProducer
+from agents.settings import Settings
+from agents.store import FrameStore, Progress
+from agents.topics import Topics, aiokafka_config
+from schemas.catalog import CATALOG
+from schemas.codec import TimeLimits, decode_beacon, decode_k8s_event, decode_samples
+from schemas.records import UTC_CLOCK, Reject, RejectReason
+from streams.align import GridAligner, Recovered
+
+log = logging.getLogger(__name__)
+_SENSOR, _EVENTS, _CLOCK = 0, 1, 2
+
+
+@dataclass(slots=True)
+class IngestStats:
+    """Running totals, for progress display and the benchmark."""
+
+    messages: int = 0
+    samples: int = 0
+    frames_written: int = 0
+    events_written: int = 0
+    beacons: int = 0
+    replayed_dropped: int = 0
+    rejects: Counter[str] = field(default_factory=Counter)
+    lag: int = 0
+    flushes: int = 0
+    open_cells: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"messages": self.messages, "samples": self.samples, "frames_written": self.frames_written,
+                "events_written": self.events_written, "beacons": self.beacons,
+                "replayed_dropped": self.replayed_dropped, "rejects": dict(self.rejects), "lag": self.lag,
+                "flushes": self.flushes, "open_cells": self.open_cells}
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, ingestor: Ingestor) -> None:
+        self._ingestor = ingestor
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await self._ingestor.on_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        await self._ingestor.on_assigned(assigned)
+
+
+class Ingestor:
+    """One worker process's consumer loop; ``run`` returns when ``stop`` is set."""
+
+    def __init__(self, settings: Settings, backend_factory: Callable[[Settings], Backend] = open_backend,
+                 clock_ns: Callable[[], int] = time.time_ns) -> None:
+        self.settings = settings
+        self.topics = Topics(settings.topic_prefix)
+        self.stats = IngestStats()
+        self._clock_ns = clock_ns
+        self._backend_factory = backend_factory
+        # chDB is bound to the thread that opened it; every ClickHouse call goes through this one.
+        self._ch = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clickhouse")
+        self._route: dict[str, tuple[int, int]] = {t: (_SENSOR, i) for i, t in enumerate(self.topics.sensors)}
+        self._route[self.topics.k8s_events] = (_EVENTS, -1)
+        self._route[self.topics.clock_sync] = (_CLOCK, -1)
+        self._aligners: dict[int, GridAligner] = {}
+        self._next: dict[TopicPartition, int] = {}
+        self._progress = Progress(Recovered())
+        self._dirty = False
+        self._lock = asyncio.Lock()
+        self._store: FrameStore | None = None
+        self._dlq: DeadLetter | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._last_flush = 0
+
+    async def _on_ch(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._ch, fn, *args)
+
+    # -- partitions ----------------------------------------------------------------------
+    async def on_assigned(self, assigned: list[TopicPartition]) -> None:
+        async with self._lock:
+            assert self._store is not None
+            self._progress = await self._on_ch(self._store.recover)
+            params = self.settings.align_params()
+            for p in sorted({tp.partition for tp in assigned} - set(self._aligners)):
+                self._aligners[p] = GridAligner(params, self._progress.recovered)
+            log.info("assigned partitions %s", sorted({tp.partition for tp in assigned}))
+
+    async def on_revoked(self, revoked: list[TopicPartition]) -> None:
+        async with self._lock:
+            await self._flush_locked()
+            for p in {tp.partition for tp in revoked}:
+                self._aligners.pop(p, None)
+            for tp in revoked:
+                self._next.pop(tp, None)
+            log.info("revoked partitions %s", sorted({tp.partition for tp in revoked}))
+
+    # -- the loop ------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event, on_flush: Callable[[IngestStats], None] | None = None) -> IngestStats:
+        s = self.settings
+        backend = await self._on_ch(self._backend_factory, s)
+        await self._on_ch(ensure_schema, backend)
+        self._store = FrameStore(backend)
+        self._dlq = DeadLetter(SampleProducer(s), self.topics.dlq)
+        consumer = AIOKafkaConsumer(
+            **aiokafka_config(s), group_id=s.group_id, enable_auto_commit=False, auto_offset_reset="earliest",
+            partition_assignment_strategy=(RangePartitionAssignor,),  # partition p of every topic together
+            max_poll_records=s.max_poll_records, fetch_max_bytes=64 * 1024 * 1024,
+            max_partition_fetch_bytes=4 * 1024 * 1024, client_id="flopwatch-ingest")
+        self._consumer = consumer
+        consumer.subscribe(self.topics.inputs, listener=_Listener(self))
+        await consumer.start()
+        self._last_flush = time.monotonic_ns()
+        try:
+            while not stop.is_set():
+                batch = await consumer.getmany(timeout_ms=100)
+                async with self._lock:
+                    if batch:
+                        self._handle(batch)
+                    self._advance()
+                    due = time.monotonic_ns() - self._last_flush >= s.flush_interval_ms * 1_000_000
+                    if self._store.pending_rows >= s.flush_rows or (due and self._has_work()):
+                        await self._flush_locked()
+                        if on_flush is not None:
+                            on_flush(self.stats)
+            async with self._lock:
+                await self._flush_locked()
+        finally:
+            await consumer.stop()  # leaves the group, so the others rebalance at once
+            await self._on_ch(backend.close)
+            self._ch.shutdown(wait=True)
+        return self.stats
+
+    def _has_work(self) -> bool:
+        assert self._store is not None
+        return self._dirty or self._store.pending_rows > 0
+
+    def _handle(self, batch: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
+        assert self._store is not None and self._dlq is not None
+        stats = self.stats
+        limits = TimeLimits(self._clock_ns(), int(self.settings.max_age_s * 1e9), int(self.settings.max_future_s * 1e9))
+        dlq = self._dlq
+        for tp, records in batch.items():
+            aligner = self._aligners.get(tp.partition)
+            if aligner is None or not records:
+                continue  # revoked while this batch was in flight: the new owner reads it
+            kind, si = self._route[tp.topic]
+            stats.messages += len(records)
+            if kind == _SENSOR:
+                name = CATALOG[si].name
+                replay_end = self._progress.consumed.get((tp.topic, tp.partition), -1)
+                for rec in records:
+                    res = decode_samples(rec.value or b"", name, limits)
+                    if isinstance(res, Reject):
+                        dlq.send(res, rec.value, rec.key, tp.topic, tp.partition, rec.offset, rec.headers)
+                        continue
+                    assert not isinstance(res, Reject)
+                    if res.clock != UTC_CLOCK:
+                        dlq.send(Reject(RejectReason.NO_CLOCK, f"no offset estimate for clock {res.clock!r}"),
+                                 rec.value, rec.key, tp.topic, tp.partition, rec.offset, rec.headers)
+                        continue
+                    stats.samples += len(res.ts_ns)
+                    late = aligner.add(res.node, res.gpu, si, res.ts_ns, res.value, res.labels, si, rec.offset)
+                    if late:
+                        if rec.offset < replay_end:
+                            stats.replayed_dropped += len(late)  # already in a written frame
+                        else:
+                            dlq.send(Reject(RejectReason.LATE, f"{len(late)} of {len(res.ts_ns)} samples fall in "
+                                            "grid cells already written"), rec.value, rec.key, tp.topic,
+                                     tp.partition, rec.offset, rec.headers,
+                                     indices=late if len(res.ts_ns) > 1 else None)
+            elif kind == _EVENTS:
+                done = self._progress.events_done.get((tp.topic, tp.partition), -1)
+                for rec in records:
+                    ev = decode_k8s_event(rec.value or b"")
+                    if isinstance(ev, Reject):
+                        dlq.send(ev, rec.value, rec.key, tp.topic, tp.partition, rec.offset, rec.headers)
+                    elif rec.offset > done:
+                        assert not isinstance(ev, Reject)
+                        self._store.add_event(ev, tp.topic, tp.partition, rec.offset)
+            else:
+                for rec in records:
+                    beacon = decode_beacon(rec.value or b"")
+                    if isinstance(beacon, Reject):
+                        dlq.send(beacon, rec.value, rec.key, tp.topic, tp.partition, rec.offset, rec.headers)
+                    else:
+                        stats.beacons += 1
+            self._next[tp] = records[-1].offset + 1
+        stats.rejects = dlq.counts
+        self._dirty = True
+
+    def _advance(self) -> None:
+        assert self._store is not None
+        now = self._clock_ns()
+        for aligner in self._aligners.values():
+            frames = aligner.advance(now)
+            if frames:
+                self._store.add_frames(frames)
+
+    async def _flush_locked(self) -> None:
+        store, dlq, consumer = self._store, self._dlq, self._consumer
+        assert store is not None and dlq is not None and consumer is not None
+        # Commit points first, while the emitted frames and open cells are in step.
+        commit: dict[TopicPartition, int] = {}
+        oldest = {p: a.oldest_positions() for p, a in self._aligners.items()}
+        for tp, nxt in self._next.items():
+            kind, si = self._route[tp.topic]
+            held = oldest.get(tp.partition, {}).get(si) if kind == _SENSOR else None
+            commit[tp] = nxt if held is None else min(nxt, held)
+        consumed = {(tp.topic, tp.partition): nxt for tp, nxt in self._next.items()}
+        await self._on_ch(dlq.flush)
+        await self._on_ch(store.flush, consumed, self._clock_ns() // 1_000_000)
+        if commit:
+            await consumer.commit(commit)
+        self._last_flush = time.monotonic_ns()
+        self._dirty = False
+        st = self.stats
+        st.frames_written, st.events_written = store.frames_written, store.events_written
+        st.flushes += 1
+        st.open_cells = sum(a.open_cells() for a in self._aligners.values())
+        lag = 0
+        for tp, nxt in self._next.items():
+            hw = consumer.highwater(tp)
+            if hw is not None:
+                lag += max(0, hw - nxt)
+        st.lag = lag

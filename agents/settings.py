@@ -1,0 +1,189 @@
+"""Settings: read once from ``FLOPWATCH_*`` environment variables and an optional TOML file.
+
+The file is named by ``FLOPWATCH_CONFIG`` (or passed explicitly); the environment wins
+over the file. Secrets are ``Secret`` objects whose repr never shows the value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Literal
+
+from streams.align import AlignParams
+
+ENV_PREFIX = "FLOPWATCH_"
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+Backend = Literal["chdb", "native"]
+
+
+class Secret:
+    """A credential: compares and reads like a string only through ``get()``."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def get(self) -> str:
+        return self._value
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
+
+    def __repr__(self) -> str:
+        return "Secret('****')" if self._value else "Secret('')"
+
+    __str__ = __repr__
+
+
+class SettingsError(ValueError):
+    """A setting is missing, unknown or has a value of the wrong kind."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Every option of flopwatch. Environment variable: ``FLOPWATCH_<NAME upper-cased>``."""
+
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    """Kafka bootstrap servers. Default ``127.0.0.1:9092``; FLOPWATCH_KAFKA_BOOTSTRAP."""
+    kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
+    """PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL; FLOPWATCH_KAFKA_SECURITY_PROTOCOL."""
+    kafka_sasl_mechanism: SaslMechanism = "PLAIN"
+    """SASL mechanism when SASL is on; FLOPWATCH_KAFKA_SASL_MECHANISM."""
+    kafka_sasl_username: str = ""
+    """SASL user; FLOPWATCH_KAFKA_SASL_USERNAME."""
+    kafka_sasl_password: Secret = dataclasses.field(default_factory=lambda: Secret(""))
+    """SASL password (never logged); FLOPWATCH_KAFKA_SASL_PASSWORD."""
+    kafka_ssl_cafile: str = ""
+    """CA bundle for TLS; FLOPWATCH_KAFKA_SSL_CAFILE."""
+    kafka_ssl_certfile: str = ""
+    """Client certificate for mutual TLS; FLOPWATCH_KAFKA_SSL_CERTFILE."""
+    kafka_ssl_keyfile: str = ""
+    """Client key for mutual TLS; FLOPWATCH_KAFKA_SSL_KEYFILE."""
+    topic_prefix: str = ""
+    """Prepended to every topic name (e.g. ``staging.``); default none; FLOPWATCH_TOPIC_PREFIX."""
+    partitions: int = 4
+    """Partitions of every topic (all must match for co-partitioning); FLOPWATCH_PARTITIONS."""
+    replication: int = 1
+    """Replication factor for topics flopwatch creates; FLOPWATCH_REPLICATION."""
+    group_id: str = "flopwatch-ingest"
+    """Consumer group of the ingest workers; FLOPWATCH_GROUP_ID."""
+
+    clickhouse_backend: Backend = "chdb"
+    """``chdb`` (embedded, default) or ``native`` (a server); FLOPWATCH_CLICKHOUSE_BACKEND."""
+    chdb_path: str = ".flopwatch/chdb"
+    """Data directory of the embedded backend; FLOPWATCH_CHDB_PATH."""
+    clickhouse_host: str = "127.0.0.1"
+    """ClickHouse server host; FLOPWATCH_CLICKHOUSE_HOST."""
+    clickhouse_port: int = 9000
+    """Native protocol port (9440 usual with TLS); FLOPWATCH_CLICKHOUSE_PORT."""
+    clickhouse_user: str = "default"
+    """ClickHouse user; FLOPWATCH_CLICKHOUSE_USER."""
+    clickhouse_password: Secret = dataclasses.field(default_factory=lambda: Secret(""))
+    """ClickHouse password (never logged); FLOPWATCH_CLICKHOUSE_PASSWORD."""
+    clickhouse_secure: bool = False
+    """TLS to the ClickHouse server; FLOPWATCH_CLICKHOUSE_SECURE."""
+    clickhouse_ca_certs: str = ""
+    """CA bundle for ClickHouse TLS; FLOPWATCH_CLICKHOUSE_CA_CERTS."""
+    clickhouse_database: str = "flopwatch"
+    """Database holding flopwatch's tables; FLOPWATCH_CLICKHOUSE_DATABASE."""
+    clickhouse_layout: Literal["current", "legacy"] = "current"
+    """``legacy`` writes the simplified layout old servers (18.x) accept; FLOPWATCH_CLICKHOUSE_LAYOUT."""
+
+    grid_ms: int = 1000
+    """Grid step, 100 ms to 60 s; FLOPWATCH_GRID_MS."""
+    lateness_ms: int = 2000
+    """Allowed lateness behind a node's watermark; FLOPWATCH_LATENESS_MS."""
+    idle_series_s: float = 30.0
+    """A series this far behind its node stops holding the watermark; FLOPWATCH_IDLE_SERIES_S."""
+    idle_flush_s: float = 5.0
+    """A node without input this long (wall time) has all its cells closed; FLOPWATCH_IDLE_FLUSH_S."""
+    max_age_s: float = 7 * 86400.0
+    """UTC samples older than this are rejected ``too_old``; FLOPWATCH_MAX_AGE_S."""
+    max_future_s: float = 300.0
+    """UTC samples further ahead than this are rejected ``too_new``; FLOPWATCH_MAX_FUTURE_S."""
+    flush_interval_ms: int = 1000
+    """Longest time frames wait before a ClickHouse insert; FLOPWATCH_FLUSH_INTERVAL_MS."""
+    flush_rows: int = 20000
+    """Insert as soon as this many rows wait; FLOPWATCH_FLUSH_ROWS."""
+    max_poll_records: int = 20000
+    """Most Kafka records taken per poll; FLOPWATCH_MAX_POLL_RECORDS."""
+
+    def align_params(self) -> AlignParams:
+        return AlignParams(
+            grid_ns=self.grid_ms * 1_000_000,
+            allowed_lateness_ns=self.lateness_ms * 1_000_000,
+            idle_series_ns=int(self.idle_series_s * 1e9),
+            idle_flush_ns=int(self.idle_flush_s * 1e9),
+        )
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+    def describe(self) -> dict[str, str]:
+        """All options as text, secrets masked: safe to log."""
+        return {f.name: repr(getattr(self, f.name)) for f in fields(self)}
+
+
+def _convert(name: str, hint: Any, raw: Any) -> Any:
+    if hint is Secret:
+        return raw if isinstance(raw, Secret) else Secret(str(raw))
+    if typing.get_origin(hint) is Literal:
+        allowed = typing.get_args(hint)
+        if raw not in allowed:
+            raise SettingsError(f"{name}={raw!r}: expected one of {', '.join(map(str, allowed))}")
+        return raw
+    try:
+        if hint is bool:
+            if isinstance(raw, bool):
+                return raw
+            low = str(raw).strip().lower()
+            if low not in {"1", "0", "true", "false", "yes", "no", "on", "off"}:
+                raise ValueError(raw)
+            return low in {"1", "true", "yes", "on"}
+        if hint is int:
+            return int(raw)
+        if hint is float:
+            return float(raw)
+    except (TypeError, ValueError):
+        raise SettingsError(f"{name}={raw!r}: expected {hint.__name__}") from None
+    return str(raw)
+
+
+def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path | None = None,
+                  **overrides: Any) -> Settings:
+    """Build settings from (lowest to highest) defaults, the TOML file, the environment, overrides."""
+    env = os.environ if env is None else env
+    hints = typing.get_type_hints(Settings)
+    known = {f.name for f in fields(Settings)}
+    values: dict[str, Any] = {}
+    path = config_file or env.get(ENV_PREFIX + "CONFIG")
+    if path:
+        try:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise SettingsError(f"cannot read config file {path}: {exc}") from None
+        section = data.get("flopwatch", data)
+        for key, raw in section.items():
+            if key not in known:
+                raise SettingsError(f"unknown setting {key!r} in {path}")
+            values[key] = raw
+    for key in known:
+        raw = env.get(ENV_PREFIX + key.upper())
+        if raw is not None:
+            values[key] = raw
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    unknown = set(values) - known
+    if unknown:
+        raise SettingsError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+    converted = {k: _convert(k, hints[k], v) for k, v in values.items()}
+    settings = Settings(**converted)
+    settings.align_params()  # validates the grid and lateness now, not at first use
+    return settings

@@ -1,0 +1,307 @@
+#!/usr/bin/env bash
+# deploy/clickhouse.sh — a local clickhouse-server for the native-protocol sink
+# tests, run as a plain background process (no systemd) with all state under
+# ${FLOPWATCH_STATE_DIR:-<repo>/.flopwatch}/clickhouse.
+#
+#   deploy/clickhouse.sh install   apt-get install Debian's clickhouse-server/-client
+#   deploy/clickhouse.sh start     start (idempotent), wait for `SELECT 1`
+#   deploy/clickhouse.sh stop      SIGTERM, up to 30 s, then SIGKILL
+#   deploy/clickhouse.sh status    exit 0 if running
+#   deploy/clickhouse.sh client …  clickhouse-client against this server
+#
+# Environment (all optional):
+#   FLOPWATCH_STATE_DIR                  default <repo>/.flopwatch
+#   FLOPWATCH_CLICKHOUSE_PORT            native TCP port, default 9000
+#   FLOPWATCH_CLICKHOUSE_HTTP_PORT       HTTP port, default 8123
+#   FLOPWATCH_CLICKHOUSE_TEST_PASSWORD   password of user `flopwatch`,
+#                                        default "flopwatch-test"
+#   FLOPWATCH_CLICKHOUSE_START_TIMEOUT   default 60 (s)
+#
+# Users: `default` (no password, 127.0.0.1/::1 only) and `flopwatch` (password
+# above, stored as SHA-256) so that the sink's password authentication is
+# exercised by the tests too.
+#
+# ---------------------------------------------------------------------------
+# What Debian's 18.16 (package 18.16.1+ds-7.3+b2, bookworm) accepts, measured
+# 2026-12-02 against a server started by this script. Tests that run on this
+# server must stay inside it; the production schema (DESIGN "Storage") does not.
+#
+#   version()            18.16.1
+#   native protocol      server Hello: revision 54412, version patch 1, sends
+#                        its timezone and display name (clickhouse-driver OK);
+#                        answers 54412 whatever revision the client offers.
+#   auth                 users.xml password_sha256_hex works for native and HTTP
+#                        (?user=&password=); a wrong password is Code 193.
+# Types
+#   DateTime64(3)        NO  "Unknown data type family: DateTime64" (toDateTime64
+#                        also unknown). Store ts_ns UInt64 (+ DateTime for
+#                        partitioning: toDateTime(intDiv(ts_ns, 1000000000))).
+#   DateTime('UTC'), Date, (U)Int*, Float32/64, String, UUID, Enum8,
+#   Array(T), Decimal(18,6), AggregateFunction(avg, Float64)   yes
+#   Nullable(T)          yes
+#   LowCardinality(T)    only with the setting allow_experimental_low_cardinality_type=1
+#                        (client/session/query setting; else Code 44). Use String.
+# Tables
+#   ENGINE = MergeTree PARTITION BY … PRIMARY KEY … ORDER BY … SETTINGS …   yes
+#   old MergeTree(date, (key), 8192)                                       yes
+#   ReplacingMergeTree(ver) PARTITION BY … ORDER BY …                      yes
+#   SummingMergeTree, AggregatingMergeTree, column DEFAULT/MATERIALIZED/COMMENT yes
+#   CREATE MATERIALIZED VIEW … ENGINE = … AS SELECT                        yes
+#   TTL (table or column)  NO (syntax error)      column CODEC(...)  NO (syntax error)
+# Dedup / idempotency
+#   insert_deduplicate   exists (default 1) but acts on Replicated* tables only:
+#                        the same INSERT block twice into a (Replacing)MergeTree
+#                        stores 2 rows. insert_deduplication_token: unknown
+#                        setting (Code 115); MergeTree setting
+#                        non_replicated_deduplication_window: unknown (Code 36);
+#                        INSERT … SETTINGS … VALUES: syntax error (pass settings
+#                        per query/connection instead).
+#                        => on 18.16, idempotent writes = deterministic row id in
+#                        a ReplacingMergeTree ORDER BY key, read with FINAL
+#                        (tested: 2 rows, FINAL -> 1, OPTIMIZE … FINAL -> 1) or
+#                        argMax.
+# Queries / functions
+#   FINAL, argMax, quantileTDigest, LIMIT n BY, ALTER TABLE … DELETE (mutation),
+#   numbers(), INSERT … FORMAT JSONEachRow, toStartOfMinute/FiveMinute/Hour/Day yes
+#   toStartOfInterval, toStartOfTenMinutes, toStartOfFifteenMinute, currentUser()
+#                        NO (unknown function): grid with intDiv(ts, step) * step.
+#
+# The DDL the self-test used (accepted, insert + select + FINAL worked):
+#   CREATE TABLE t (ts DateTime('UTC'), ts_ns UInt64, node String, gpu String,
+#     value Float64, note Nullable(String), row_id UInt64)
+#   ENGINE = ReplacingMergeTree(ts_ns) PARTITION BY toYYYYMMDD(ts)
+#   ORDER BY (node, gpu, ts_ns, row_id)
+# ---------------------------------------------------------------------------
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+state_root="${FLOPWATCH_STATE_DIR:-$repo_root/.flopwatch}"
+state="$state_root/clickhouse"
+port="${FLOPWATCH_CLICKHOUSE_PORT:-9000}"
+http_port="${FLOPWATCH_CLICKHOUSE_HTTP_PORT:-8123}"
+password="${FLOPWATCH_CLICKHOUSE_TEST_PASSWORD:-flopwatch-test}"
+timeout_s="${FLOPWATCH_CLICKHOUSE_START_TIMEOUT:-60}"
+pidfile="$state/clickhouse.pid"
+config="$state/config.xml"
+logs="$state/logs"
+
+say() { echo "clickhouse: $*" >&2; }
+die() { say "$*"; exit 1; }
+
+# Debian 18.16 ships a small /usr/sbin/clickhouse-server linked to
+# libclickhouse.so; upstream packages ship one /usr/bin/clickhouse binary with
+# `server` / `client` subcommands. Accept either.
+server_cmd() {
+  if [[ -x /usr/sbin/clickhouse-server ]]; then echo /usr/sbin/clickhouse-server
+  elif command -v clickhouse-server >/dev/null; then command -v clickhouse-server
+  elif command -v clickhouse >/dev/null; then echo "$(command -v clickhouse) server"
+  else return 1
+  fi
+}
+client_cmd() {
+  if command -v clickhouse-client >/dev/null; then command -v clickhouse-client
+  elif command -v clickhouse >/dev/null; then echo "$(command -v clickhouse) client"
+  else return 1
+  fi
+}
+
+client() {
+  local c
+  c="$(client_cmd)" || die "clickhouse-client not installed (run: $0 install)"
+  # shellcheck disable=SC2086  # "clickhouse client" is two words on purpose
+  $c --host 127.0.0.1 --port "$port" "$@"
+}
+
+do_install() {
+  if server_cmd >/dev/null && client_cmd >/dev/null; then
+    say "already installed: $(server_cmd)"
+    return 0
+  fi
+  local sudo=()
+  [[ $EUID -eq 0 ]] || sudo=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  # Refresh the package lists only when apt does not know the package yet:
+  # `apt-get update` is slow and usually unnecessary.
+  if ! apt-cache policy clickhouse-server 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+    "${sudo[@]}" apt-get update -q
+  fi
+  # The package's postinst tries to start the service via invoke-rc.d; on a
+  # machine without systemd/runlevels that is denied, which is harmless.
+  "${sudo[@]}" apt-get install -y -q clickhouse-server clickhouse-client
+  server_cmd >/dev/null || die "installed, but no clickhouse server binary found"
+}
+
+write_config() {
+  mkdir -p "$state/data" "$state/tmp" "$state/user_files" "$state/format_schemas" "$logs"
+  [[ -f "$state_root/.gitignore" ]] || printf '*\n' >"$state_root/.gitignore"
+  local sha
+  sha="$(printf '%s' "$password" | sha256sum | cut -d' ' -f1)"
+
+  # Small caches and connection limits for a laptop/CI box; everything
+  # (data, tmp, logs, user_files) under the state dir so nothing needs root
+  # and several checkouts can run side by side on different ports.
+  cat >"$config" <<EOF
+<?xml version="1.0"?>
+<!-- Generated by deploy/clickhouse.sh on every start; edit the script. -->
+<yandex>
+    <logger>
+        <level>information</level>
+        <log>$logs/clickhouse-server.log</log>
+        <errorlog>$logs/clickhouse-server.err.log</errorlog>
+        <size>100M</size>
+        <count>3</count>
+    </logger>
+    <listen_host>127.0.0.1</listen_host>
+    <tcp_port>$port</tcp_port>
+    <http_port>$http_port</http_port>
+    <max_connections>256</max_connections>
+    <keep_alive_timeout>3</keep_alive_timeout>
+    <max_concurrent_queries>50</max_concurrent_queries>
+    <uncompressed_cache_size>268435456</uncompressed_cache_size>
+    <mark_cache_size>268435456</mark_cache_size>
+    <path>$state/data/</path>
+    <tmp_path>$state/tmp/</tmp_path>
+    <user_files_path>$state/user_files/</user_files_path>
+    <format_schema_path>$state/format_schemas/</format_schema_path>
+    <users_config>$state/users.xml</users_config>
+    <default_profile>default</default_profile>
+    <default_database>default</default_database>
+    <!-- Deterministic DateTime rendering in tests, whatever the host's TZ. -->
+    <timezone>UTC</timezone>
+    <mlock_executable>false</mlock_executable>
+    <!-- No ZooKeeper: there are no Replicated tables on this test server. -->
+</yandex>
+EOF
+
+  cat >"$state/users.xml" <<EOF
+<?xml version="1.0"?>
+<yandex>
+    <profiles>
+        <default>
+            <max_memory_usage>2000000000</max_memory_usage>
+            <load_balancing>random</load_balancing>
+        </default>
+    </profiles>
+    <users>
+        <default>
+            <password></password>
+            <networks><ip>127.0.0.1</ip><ip>::1</ip></networks>
+            <profile>default</profile>
+            <quota>default</quota>
+        </default>
+        <flopwatch>
+            <password_sha256_hex>$sha</password_sha256_hex>
+            <networks><ip>127.0.0.1</ip><ip>::1</ip></networks>
+            <profile>default</profile>
+            <quota>default</quota>
+        </flopwatch>
+    </users>
+    <quotas>
+        <default>
+            <interval>
+                <duration>3600</duration>
+                <queries>0</queries><errors>0</errors><result_rows>0</result_rows>
+                <read_rows>0</read_rows><execution_time>0</execution_time>
+            </interval>
+        </default>
+    </quotas>
+</yandex>
+EOF
+}
+
+pid_alive() {
+  [[ -f "$pidfile" ]] || return 1
+  local pid
+  pid="$(cat "$pidfile" 2>/dev/null)" || return 1
+  [[ "$pid" =~ ^[0-9]+$ ]] || return 1
+  # Must still be *our* server (pid reuse, a system-wide server).
+  kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$config"
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+ready() { client -q 'SELECT 1' >/dev/null 2>&1; }
+
+wait_ready() {  # [pid]
+  local deadline=$((SECONDS + timeout_s))
+  while ((SECONDS < deadline)); do
+    if [[ -n "${1:-}" ]] && ! kill -0 "$1" 2>/dev/null; then
+      tail -n 30 "$logs/clickhouse-server.err.log" "$logs/stdout.log" 2>/dev/null >&2 || true
+      rm -f "$pidfile"
+      die "server exited during startup (logs: $logs)"
+    fi
+    if ready; then
+      echo "127.0.0.1:$port"
+      return 0
+    fi
+    sleep 0.5
+  done
+  tail -n 30 "$logs/clickhouse-server.err.log" 2>/dev/null >&2 || true
+  die "not ready after ${timeout_s}s on 127.0.0.1:$port"
+}
+
+do_start() {
+  if pid_alive; then
+    say "already running (pid $(cat "$pidfile"))"
+    wait_ready
+    return
+  fi
+  rm -f "$pidfile"
+  local srv
+  srv="$(server_cmd)" || die "clickhouse-server not installed (run: $0 install)"
+  if port_open "$port" || port_open "$http_port"; then
+    die "port $port or $http_port on 127.0.0.1 is taken by another process; set FLOPWATCH_CLICKHOUSE_PORT / FLOPWATCH_CLICKHOUSE_HTTP_PORT"
+  fi
+  write_config
+  # The server raises its open-files limit itself and only warns when it
+  # cannot; raising the soft limit here avoids "too many open files" under
+  # parallel inserts on boxes with a 1024 default.
+  ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+  printf '\n==== start %s ====\n' "$(date -Is)" >>"$logs/stdout.log"
+  # cd: the server resolves some relative paths against its working dir.
+  # setsid: own session, so it outlives the shell that started it.
+  # shellcheck disable=SC2086
+  (cd "$state" && exec setsid nohup $srv --config-file="$config" \
+      </dev/null >>"$logs/stdout.log" 2>&1) &
+  local pid=$!
+  echo "$pid" >"$pidfile"
+  say "started pid $pid, waiting up to ${timeout_s}s (logs: $logs)"
+  wait_ready "$pid"
+}
+
+do_stop() {
+  if ! pid_alive; then
+    rm -f "$pidfile"
+    say "not running"
+    return 0
+  fi
+  local pid i
+  pid="$(cat "$pidfile")"
+  kill -TERM "$pid" 2>/dev/null || true
+  for ((i = 0; i < 60; i++)); do  # 60 x 0.5 s = 30 s
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.5
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    say "still running after 30 s, sending SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+    sleep 0.5
+  fi
+  rm -f "$pidfile"
+  say "stopped"
+}
+
+case "${1:-}" in
+  install) do_install ;;
+  start) do_start ;;
+  stop) do_stop ;;
+  status)
+    if pid_alive; then echo "running (pid $(cat "$pidfile")) 127.0.0.1:$port"; exit 0; fi
+    echo "stopped"; exit 1
+    ;;
+  client) shift; client "$@" ;;
+  *)
+    echo "usage: $0 {install|start|stop|status|client [clickhouse-client args]}" >&2
+    exit 2
+    ;;
+esac

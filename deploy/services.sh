@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# deploy/services.sh — start/stop the local Kafka and ClickHouse together.
+#
+#   eval "$(deploy/services.sh start)"   # start both, export their settings
+#   deploy/services.sh stop              # stop both
+#   deploy/services.sh status            # exit 0 if both run
+#
+# `start` prints only `export …` lines on stdout (progress goes to stderr), so
+# that its output can be eval'ed by a shell or a test harness. The variables
+# are the ones agents/ settings read. The same environment as kafka.sh and
+# clickhouse.sh applies (ports, state dir, FLOPWATCH_KAFKA_BOOTSTRAP for an
+# existing broker, FLOPWATCH_CLICKHOUSE_TEST_PASSWORD).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+case "${1:-}" in
+  start)
+    bootstrap="$("$here/kafka.sh" start)"
+    "$here/clickhouse.sh" install >&2
+    "$here/clickhouse.sh" start >/dev/null
+    # printf %q: values survive eval even with spaces or quotes in them.
+    printf 'export FLOPWATCH_KAFKA_BOOTSTRAP=%q\n' "$bootstrap"
+    printf 'export FLOPWATCH_CLICKHOUSE_BACKEND=native\n'
+    printf 'export FLOPWATCH_CLICKHOUSE_HOST=127.0.0.1\n'
+    printf 'export FLOPWATCH_CLICKHOUSE_PORT=%q\n' "${FLOPWATCH_CLICKHOUSE_PORT:-9000}"
+    printf 'export FLOPWATCH_CLICKHOUSE_USER=flopwatch\n'
+    printf 'export FLOPWATCH_CLICKHOUSE_PASSWORD=%q\n' "${FLOPWATCH_CLICKHOUSE_TEST_PASSWORD:-flopwatch-test}"
+    ;;
+  stop)
+    # Stop both even if the first one fails to stop cleanly.
+    rc=0
+    "$here/kafka.sh" stop || rc=$?
+    "$here/clickhouse.sh" stop || rc=$?
+    exit "$rc"
+    ;;
+  status)
+    rc=0
+    "$here/kafka.sh" status || rc=1
+    "$here/clickhouse.sh" status || rc=1
+    exit "$rc"
+    ;;
+  *)
+    echo "usage: $0 {start|stop|status}" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,246 @@
+"""orjson codec of the wire contract.
+
+Decoding never raises: it returns the record or a ``Reject`` with a stable reason,
+so an agent can dead-letter bad input and keep going.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+from schemas.catalog import BY_NAME, INT_LABELS, LABEL_COLUMNS
+from schemas.records import (
+    UTC_CLOCK,
+    WIRE_VERSION,
+    ClockBeacon,
+    K8sEvent,
+    Labels,
+    Reject,
+    RejectReason,
+    Sample,
+    SampleBatch,
+)
+
+R = RejectReason
+_DAY_NS: Final = 86_400 * 10**9
+
+
+@dataclass(frozen=True, slots=True)
+class TimeLimits:
+    """Plausible UTC event times around ``now_ns``; outside them a sample is rejected.
+
+    >>> TimeLimits(now_ns=10**18).max_future_ns // 10**9
+    300
+    """
+
+    now_ns: int
+    max_age_ns: int = 7 * _DAY_NS
+    max_future_ns: int = 300 * 10**9
+
+
+def _loads(raw: bytes) -> dict[str, Any] | Reject:
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        msg = str(exc)
+        # orjson refuses NaN/Infinity literals and overflowing numbers; they are a
+        # numeric problem for the producer, not a syntax one, so say so.
+        if "infinity" in msg or b"NaN" in raw or b"Infinity" in raw:
+            return Reject(R.NOT_FINITE, msg)
+        return Reject(R.MALFORMED_JSON, msg)
+    if type(obj) is not dict:
+        return Reject(R.MALFORMED_JSON, f"expected a JSON object, got {type(obj).__name__}")
+    v = obj.get("v")
+    if v is None:
+        return Reject(R.MISSING_FIELD, "v")
+    if v != WIRE_VERSION or type(v) is not int:
+        return Reject(R.UNKNOWN_VERSION, f"v={v!r}, this pipeline reads v={WIRE_VERSION}")
+    return obj
+
+
+def _str(obj: dict[str, Any], key: str, default: str | None = None) -> str | Reject:
+    val = obj.get(key, default)
+    if val is None:
+        return Reject(R.MISSING_FIELD, key)
+    if type(val) is not str or not val:
+        return Reject(R.WRONG_TYPE, f"{key} must be a non-empty string")
+    return val
+
+
+def _int(obj: dict[str, Any], key: str) -> int | Reject:
+    val = obj.get(key)
+    if val is None:
+        return Reject(R.MISSING_FIELD, key)
+    if type(val) is not int:
+        return Reject(R.WRONG_TYPE, f"{key} must be an integer")
+    return val
+
+
+def _labels(obj: dict[str, Any]) -> Labels | Reject | None:
+    raw = obj.get("labels")
+    if raw is None:
+        return None
+    if type(raw) is not dict:
+        return Reject(R.WRONG_TYPE, "labels must be an object")
+    out: Labels = {}
+    for key, val in raw.items():
+        if key not in LABEL_COLUMNS:
+            continue  # unknown labels are ignored like unknown fields
+        want = int if key in INT_LABELS else str
+        if type(val) is not want:
+            return Reject(R.WRONG_TYPE, f"labels.{key} must be {want.__name__}")
+        out[key] = val
+    return out
+
+
+def _check_times(ts: list[int], clock: str, limits: TimeLimits | None) -> Reject | None:
+    for t in ts:
+        if type(t) is not int:
+            return Reject(R.WRONG_TYPE, "ts_ns must hold integers (nanoseconds)")
+    if limits is None or clock != UTC_CLOCK or not ts:
+        return None
+    lo, hi = min(ts), max(ts)
+    if lo < limits.now_ns - limits.max_age_ns:
+        return Reject(R.TOO_OLD, f"ts_ns={lo} is older than the accepted age")
+    if hi > limits.now_ns + limits.max_future_ns:
+        return Reject(R.TOO_NEW, f"ts_ns={hi} is further in the future than accepted")
+    return None
+
+
+def decode_samples(raw: bytes, sensor: str, limits: TimeLimits | None = None) -> SampleBatch | Reject:
+    """Decode one ``sensors.<sensor>`` message, single or batch form, into a batch."""
+    spec = BY_NAME.get(sensor)
+    if spec is None:
+        return Reject(R.UNKNOWN_SENSOR, f"no sensor named {sensor!r} in the catalog")
+    obj = _loads(raw)
+    if isinstance(obj, Reject):
+        return obj
+    assert type(obj) is dict
+    named = obj.get("sensor")
+    if named is not None and named != sensor:
+        return Reject(R.UNKNOWN_SENSOR, f"message names sensor {named!r} on the topic of {sensor!r}")
+    node = _str(obj, "node")
+    if isinstance(node, Reject):
+        return node
+    gpu = _str(obj, "gpu")
+    if isinstance(gpu, Reject):
+        return gpu
+    clock = _str(obj, "clock", UTC_CLOCK)
+    if isinstance(clock, Reject):
+        return clock
+    ts = obj.get("ts_ns")
+    if ts is None:
+        return Reject(R.MISSING_FIELD, "ts_ns")
+    value = obj.get("value")
+    if value is None:
+        return Reject(R.MISSING_FIELD, "value")
+    if type(ts) is list:
+        if type(value) is not list:
+            return Reject(R.WRONG_TYPE, "value must be an array when ts_ns is one")
+        if len(ts) != len(value):
+            return Reject(R.LENGTH_MISMATCH, f"{len(ts)} timestamps, {len(value)} values")
+        if not ts:
+            return Reject(R.LENGTH_MISMATCH, "empty batch")
+        values: list[Any] = value
+        stamps: list[Any] = ts
+    elif type(value) is list:
+        return Reject(R.WRONG_TYPE, "ts_ns must be an array when value is one")
+    else:
+        values, stamps = [value], [ts]
+    for x in values:
+        t = type(x)
+        if t is not float and t is not int:
+            return Reject(R.WRONG_TYPE, f"value must be a number, got {type(x).__name__}")
+    if min(values) < spec.lo or max(values) > spec.hi:
+        bad = next(x for x in values if not spec.lo <= x <= spec.hi)
+        return Reject(R.OUT_OF_RANGE, f"{sensor}={bad} outside [{spec.lo:g}, {spec.hi:g}] {spec.unit}")
+    time_err = _check_times(stamps, clock, limits)
+    if time_err is not None:
+        return time_err
+    labels = _labels(obj)
+    if isinstance(labels, Reject):
+        return labels
+    assert labels is None or type(labels) is dict
+    return SampleBatch(sensor, node, gpu, stamps, values, clock, labels)
+
+
+def decode_beacon(raw: bytes) -> ClockBeacon | Reject:
+    """Decode one ``clock.sync`` message."""
+    obj = _loads(raw)
+    if isinstance(obj, Reject):
+        return obj
+    assert type(obj) is dict
+    fields: list[str | int | Reject] = [
+        _str(obj, "node"), _str(obj, "clock"),
+        _int(obj, "domain_ns"), _int(obj, "utc_before_ns"), _int(obj, "utc_after_ns"),
+    ]
+    for f in fields:
+        if isinstance(f, Reject):
+            return f
+    node, clock, domain_ns, before, after = fields
+    assert type(node) is str and type(clock) is str
+    assert type(domain_ns) is int and type(before) is int and type(after) is int
+    if after < before:
+        return Reject(R.OUT_OF_RANGE, "utc_after_ns is before utc_before_ns")
+    return ClockBeacon(node, clock, domain_ns, before, after)
+
+
+def decode_k8s_event(raw: bytes) -> K8sEvent | Reject:
+    """Decode one ``k8s.events`` message."""
+    obj = _loads(raw)
+    if isinstance(obj, Reject):
+        return obj
+    assert type(obj) is dict
+    node = _str(obj, "node")
+    if isinstance(node, Reject):
+        return node
+    ts = _int(obj, "ts_ns")
+    if isinstance(ts, Reject):
+        return ts
+    typ = _str(obj, "type")
+    if isinstance(typ, Reject):
+        return typ
+    reason = _str(obj, "reason")
+    if isinstance(reason, Reject):
+        return reason
+    opt: dict[str, str] = {}
+    for key in ("kind", "namespace", "pod", "workload", "message"):
+        val = obj.get(key, "")
+        if type(val) is not str:
+            return Reject(R.WRONG_TYPE, f"{key} must be a string")
+        opt[key] = val
+    gpus = obj.get("gpus", [])
+    if type(gpus) is not list or any(type(g) is not str for g in gpus):
+        return Reject(R.WRONG_TYPE, "gpus must be an array of strings")
+    assert type(node) is str and type(ts) is int and type(typ) is str and type(reason) is str
+    return K8sEvent(node, ts, typ, reason, gpus=tuple(gpus), **opt)
+
+
+def encode_sample(s: Sample) -> bytes:
+    obj: dict[str, Any] = {"v": WIRE_VERSION, "node": s.node, "gpu": s.gpu, "ts_ns": s.ts_ns,
+                           "clock": s.clock, "value": s.value}
+    if s.labels:
+        obj["labels"] = s.labels
+    return orjson.dumps(obj)
+
+
+def encode_batch(b: SampleBatch) -> bytes:
+    obj: dict[str, Any] = {"v": WIRE_VERSION, "node": b.node, "gpu": b.gpu, "clock": b.clock,
+                           "ts_ns": b.ts_ns, "value": b.value}
+    if b.labels:
+        obj["labels"] = b.labels
+    return orjson.dumps(obj)
+
+
+def encode_beacon(b: ClockBeacon) -> bytes:
+    return orjson.dumps({"v": WIRE_VERSION, "node": b.node, "clock": b.clock, "domain_ns": b.domain_ns,
+                         "utc_before_ns": b.utc_before_ns, "utc_after_ns": b.utc_after_ns})
+
+
+def encode_k8s_event(e: K8sEvent) -> bytes:
+    return orjson.dumps({"v": WIRE_VERSION, "node": e.node, "ts_ns": e.ts_ns, "type": e.type,
+                         "reason": e.reason, "kind": e.kind, "namespace": e.namespace, "pod": e.pod,
+                         "workload": e.workload, "gpus": list(e.gpus), "message": e.message})

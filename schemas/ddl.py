@@ -1,0 +1,89 @@
+"""ClickHouse tables, generated from the catalog.
+
+``current`` is the real schema (DateTime64, LowCardinality, codecs, TTL) for chDB and
+current servers. ``legacy`` is a simplified layout that ClickHouse 18.16 (the only
+server packaged for this machine) accepts: epoch milliseconds instead of DateTime64,
+plain String instead of LowCardinality, no codecs or TTL. Both hold the same columns
+and the same values, so the same rows can be compared across backends.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final, Literal
+
+from schemas.catalog import CATALOG, LABEL_COLUMNS, value_columns
+
+Layout = Literal["current", "legacy"]
+_IDENT: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+def check_identifier(name: str) -> str:
+    """Return ``name`` if it is a safe unquoted ClickHouse identifier, else raise ValueError."""
+    if not _IDENT.fullmatch(name):
+        raise ValueError(f"{name!r} is not a valid identifier (letters, digits, underscore; not leading digit)")
+    return name
+
+
+LABEL_COLS: Final = tuple(LABEL_COLUMNS.values())
+INT_LABEL_COLS: Final = frozenset({"rank", "pid"})
+VALUE_COLS: Final = tuple(col for _, _, col in value_columns())
+COUNT_COLS: Final = tuple(s.count_column for s in CATALOG)
+# Insert order of gpu_frames; ``ts`` is epoch milliseconds on the wire for both layouts.
+FRAME_COLUMNS: Final = ("ts", "node", "gpu", *LABEL_COLS, *VALUE_COLS, *COUNT_COLS)
+DERIVED_COLS: Final = ("tflops", "flops_per_watt", "cost_per_tflops")
+EVENT_COLUMNS: Final = ("ts", "node", "type", "reason", "kind", "namespace", "pod", "workload", "gpus", "message",
+                        "kafka_topic", "kafka_partition", "kafka_offset")
+PROGRESS_COLUMNS: Final = ("topic", "partition", "offset", "written_at")
+
+
+def _label_type(col: str, layout: Layout) -> str:
+    if col in INT_LABEL_COLS:
+        return "Nullable(Int64)"
+    return "LowCardinality(String)" if layout == "current" and col != "pod" else "String"
+
+
+def gpu_frames(db: str, layout: Layout = "current", ttl_days: int = 400) -> str:
+    check_identifier(db)
+    cur = layout == "current"
+    lc = "LowCardinality(String)" if cur else "String"
+    cols = ["ts DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1))" if cur else "ts UInt64",
+            f"node {lc}", f"gpu {lc}"]
+    cols += [f"{c} {_label_type(c, layout)}" for c in LABEL_COLS]
+    fcodec = " CODEC(Gorilla, ZSTD(1))" if cur else ""
+    cols += [f"{c} Nullable(Float64){fcodec}" for c in VALUE_COLS]
+    cols += [f"{c} UInt32" + (" CODEC(T64, ZSTD(1))" if cur else "") for c in COUNT_COLS]
+    cols += [f"{c} Nullable(Float64)" for c in DERIVED_COLS]
+    body = ",\n  ".join(cols)
+    if cur:
+        tail = (f"ENGINE = ReplacingMergeTree\nPARTITION BY toYYYYMMDD(ts)\nORDER BY (node, gpu, ts)\n"
+                f"TTL toDateTime(ts) + INTERVAL {int(ttl_days)} DAY\n"
+                # Lets a retried insert with the same token be dropped by the server.
+                "SETTINGS non_replicated_deduplication_window = 1000")
+    else:
+        tail = "ENGINE = ReplacingMergeTree\nPARTITION BY intDiv(ts, 86400000)\nORDER BY (node, gpu, ts)"
+    return f"CREATE TABLE IF NOT EXISTS {db}.gpu_frames (\n  {body}\n)\n{tail}"
+
+
+def k8s_events(db: str, layout: Layout = "current") -> str:
+    check_identifier(db)
+    cur = layout == "current"
+    lc = "LowCardinality(String)" if cur else "String"
+    ts = "DateTime64(9, 'UTC')" if cur else "UInt64"
+    return (f"CREATE TABLE IF NOT EXISTS {db}.k8s_events (\n  ts {ts}, node {lc}, type {lc}, reason {lc}, kind {lc},"
+            f" namespace {lc}, pod String, workload {lc}, gpus Array(String), message String,"
+            f" kafka_topic {lc}, kafka_partition UInt32, kafka_offset UInt64\n)\n"
+            # Row identity is the Kafka position, so a redelivered event replaces itself.
+            "ENGINE = ReplacingMergeTree\nORDER BY (kafka_topic, kafka_partition, kafka_offset)")
+
+
+def ingest_progress(db: str, layout: Layout = "current") -> str:
+    check_identifier(db)
+    ts = "DateTime64(3, 'UTC')" if layout == "current" else "UInt64"
+    return (f"CREATE TABLE IF NOT EXISTS {db}.ingest_progress (\n  topic String, partition UInt32, offset UInt64,"
+            f" written_at {ts}\n)\nENGINE = ReplacingMergeTree\nORDER BY (topic, partition, offset)")
+
+
+def all_tables(db: str, layout: Layout = "current") -> list[str]:
+    return [f"CREATE DATABASE IF NOT EXISTS {check_identifier(db)}", gpu_frames(db, layout), k8s_events(db, layout),
+            ingest_progress(db, layout)]

@@ -1,0 +1,102 @@
+"""Record types of the wire contract (version 1) and of the dead-letter path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Final
+
+WIRE_VERSION: Final = 1
+UTC_CLOCK: Final = "utc"
+
+LabelValue = str | int
+Labels = dict[str, LabelValue]
+
+
+class RejectReason(StrEnum):
+    """Stable reason codes of the dead-letter topic; consumers may switch on them."""
+
+    MALFORMED_JSON = "malformed_json"
+    UNKNOWN_VERSION = "unknown_version"
+    MISSING_FIELD = "missing_field"
+    WRONG_TYPE = "wrong_type"
+    NOT_FINITE = "not_finite"
+    OUT_OF_RANGE = "out_of_range"
+    LENGTH_MISMATCH = "length_mismatch"
+    UNKNOWN_SENSOR = "unknown_sensor"
+    TOO_OLD = "too_old"
+    TOO_NEW = "too_new"
+    LATE = "late"
+    NO_CLOCK = "no_clock"
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Why a message (or some samples of it) cannot be used."""
+
+    reason: RejectReason
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One reading of one sensor (the single-sample wire form)."""
+
+    sensor: str
+    node: str
+    gpu: str
+    ts_ns: int
+    value: float
+    clock: str = UTC_CLOCK
+    labels: Labels | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SampleBatch:
+    """Readings of one sensor of one GPU (the batch wire form; a single sample is a batch of one)."""
+
+    sensor: str
+    node: str
+    gpu: str
+    ts_ns: list[int]
+    value: list[float]
+    clock: str = UTC_CLOCK
+    labels: Labels | None = None
+
+    def __len__(self) -> int:
+        return len(self.ts_ns)
+
+    def samples(self) -> list[Sample]:
+        return [Sample(self.sensor, self.node, self.gpu, t, v, self.clock, self.labels)
+                for t, v in zip(self.ts_ns, self.value, strict=True)]
+
+
+@dataclass(frozen=True, slots=True)
+class ClockBeacon:
+    """A reading of clock domain ``clock`` taken between two UTC readings of its host."""
+
+    node: str
+    clock: str
+    domain_ns: int
+    utc_before_ns: int
+    utc_after_ns: int
+
+    @property
+    def round_trip_ns(self) -> int:
+        return self.utc_after_ns - self.utc_before_ns
+
+
+@dataclass(frozen=True, slots=True)
+class K8sEvent:
+    """A Kubernetes event that concerns a node (and possibly some of its GPUs)."""
+
+    node: str
+    ts_ns: int
+    type: str
+    reason: str
+    kind: str = ""
+    namespace: str = ""
+    pod: str = ""
+    workload: str = ""
+    gpus: tuple[str, ...] = field(default_factory=tuple)
+    message: str = ""

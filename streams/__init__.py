@@ -1,0 +1,1 @@
+"""Pure stream logic of flopwatch: no Kafka, ClickHouse, NVML, environment or wall clock."""

@@ -1,0 +1,242 @@
+"""Alignment: streaming frames equal a batch computation over the same samples."""
+
+from __future__ import annotations
+
+import pickle
+import random
+from collections import defaultdict
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schemas.catalog import BY_NAME, CATALOG
+from streams.align import VALUE_COLUMNS, AlignParams, Frame, GridAligner, Recovered
+
+GRID = 1_000_000_000
+T0 = 1_796_200_000 * GRID
+Series = tuple[str, str, int]  # node, gpu, sensor index
+
+
+def make_samples(rng: random.Random, nodes: int = 2, gpus: int = 2, seconds: int = 6) -> dict[Series, list[tuple[int, float]]]:
+    out: dict[Series, list[tuple[int, float]]] = {}
+    for n in range(nodes):
+        for g in [*map(str, range(gpus)), "host"]:
+            for s in CATALOG:
+                if (g == "host") != (s.scope == "host"):
+                    continue
+                period = rng.choice([100, 250, 1000]) * 1_000_000
+                t, level, pts = T0 + rng.randrange(period), 0.0, []
+                while t < T0 + seconds * GRID:
+                    if s.kind == "counter":
+                        level = 0.0 if rng.random() < 0.05 else level + rng.randrange(3)
+                        v = level
+                    elif s.kind == "event":
+                        v = float(rng.choice([0, 0, 0, 13, 79]))
+                    else:
+                        v = round(rng.uniform(s.lo, min(s.hi, 1000.0)), 3)
+                    pts.append((t, v))
+                    t += period
+                out[(f"node-{n}", g, s.index)] = pts
+    return out
+
+
+def oracle(samples: dict[Series, list[tuple[int, float]]]) -> dict[tuple[str, str, int], dict[str, object]]:
+    """Frames by plain batch grouping: what every streaming order must reproduce."""
+    cells: dict[tuple[str, str, int], dict[int, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
+    for (node, gpu, si), pts in samples.items():
+        for t, v in pts:
+            cells[(node, gpu, t // GRID * GRID)][si].append((t, v))
+    prev: dict[tuple[str, str, int], float] = {}
+    out: dict[tuple[str, str, int], dict[str, object]] = {}
+    for key in sorted(cells):
+        node, gpu, _ = key
+        row: dict[str, object] = {}
+        for s in CATALOG:
+            pts = sorted(cells[key].get(s.index, []))
+            row[s.count_column] = len(pts)
+            vals = [v for _, v in pts]
+            for agg in s.aggs:
+                col = s.column(agg)
+                if not pts:
+                    row[col] = None
+                elif agg == "mean":
+                    row[col] = sum(vals) / len(vals)
+                elif agg == "max":
+                    row[col] = max(vals)
+                elif agg == "last":
+                    row[col] = vals[-1]
+                elif agg == "increase":
+                    inc, p = 0.0, prev.get((node, gpu, s.index))
+                    for v in vals:
+                        if p is not None:
+                            inc += v - p if v >= p else v
+                        p = v
+                    row[col] = inc
+                elif agg == "last_nonzero":
+                    nz = [v for v in vals if v]
+                    row[col] = nz[-1] if nz else 0.0
+                elif agg == "count":
+                    row[col] = float(len([v for v in vals if v]))
+            if pts and s.kind == "counter":
+                prev[(node, gpu, s.index)] = vals[-1]
+        out[key] = row
+    return out
+
+
+def as_rows(frames: list[Frame]) -> dict[tuple[str, str, int], dict[str, object]]:
+    rows = {}
+    for f in frames:
+        row: dict[str, object] = dict(zip(VALUE_COLUMNS, f.values, strict=True))
+        row |= {s.count_column: n for s, n in zip(CATALOG, f.counts, strict=True)}
+        key = (f.node, f.gpu, f.tick_ns)
+        assert key not in rows, f"frame {key} emitted twice"
+        rows[key] = row
+    return rows
+
+
+def feed(aligner: GridAligner, samples: dict[Series, list[tuple[int, float]]], chunk: int,
+         rng: random.Random | None = None) -> list[Frame]:
+    """Send each series in messages of ``chunk`` samples, series interleaved (randomly if rng)."""
+    queues = {k: [v[i:i + chunk] for i in range(0, len(v), chunk)] for k, v in samples.items()}
+    # Every series announces itself first (a series the aligner has never seen cannot
+    # hold its node's watermark back); after that, any interleaving.
+    first = sorted(queues)
+    rest = [k for k, q in queues.items() for _ in q[1:]]
+    if rng is not None:
+        rng.shuffle(first)
+        rng.shuffle(rest)
+    order = first + rest
+    frames: list[Frame] = []
+    pos = {k: 0 for k in queues}
+    for i, k in enumerate(order):
+        msg = queues[k][pos[k]]
+        pos[k] += 1
+        late = aligner.add(k[0], k[1], k[2], [t for t, _ in msg], [v for _, v in msg])
+        assert late == []
+        if i >= len(first):
+            frames += aligner.advance(now_ns=0)
+    return frames + aligner.flush_all()
+
+
+def assert_same(got: dict[tuple[str, str, int], dict[str, object]], want: dict[tuple[str, str, int], dict[str, object]]) -> None:
+    assert got.keys() == want.keys()
+    for key, row in want.items():
+        for col, v in row.items():
+            assert got[key][col] == (pytest.approx(v, rel=1e-12) if isinstance(v, float) else v), (key, col)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 100])
+def test_streaming_frames_equal_the_batch_oracle(chunk: int) -> None:
+    samples = make_samples(random.Random(chunk))
+    aligner = GridAligner(AlignParams(allowed_lateness_ns=0))
+    assert_same(as_rows(feed(aligner, samples, chunk, random.Random(1))), oracle(samples))
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), chunk=st.sampled_from([1, 3, 50]))
+def test_any_interleaving_of_series_gives_the_same_frames(seed: int, chunk: int) -> None:
+    samples = make_samples(random.Random(seed), nodes=1, gpus=1, seconds=4)
+    aligner = GridAligner(AlignParams(allowed_lateness_ns=0))
+    assert_same(as_rows(feed(aligner, samples, chunk, random.Random(seed + 1))), oracle(samples))
+
+
+def test_empty_cells_are_null_with_zero_count() -> None:
+    a = GridAligner(AlignParams(allowed_lateness_ns=0))
+    a.add("n", "0", BY_NAME["power"].index, [T0 + 5], [300.0])
+    [f] = a.flush_all()
+    row = as_rows([f])[("n", "0", T0)]
+    assert row["power"] == 300.0 and row["n_power"] == 1
+    assert row["temperature"] is None and row["n_temperature"] == 0
+
+
+def test_watermark_waits_for_the_slowest_series_then_closes() -> None:
+    p, t = BY_NAME["power"].index, BY_NAME["temperature"].index
+    a = GridAligner(AlignParams(allowed_lateness_ns=500_000_000))
+    a.add("n", "0", p, [T0 + i * GRID for i in range(10)], [1.0] * 10)
+    a.add("n", "0", t, [T0], [40.0])
+    assert a.advance(0) == []  # temperature has only reached T0
+    a.add("n", "0", t, [T0 + 3 * GRID + 600_000_000], [41.0])
+    ticks = [f.tick_ns for f in a.advance(0)]
+    assert ticks == [T0, T0 + GRID, T0 + 2 * GRID]  # watermark = 3.6 s - 0.5 s lateness
+    assert a.watermark("n") == T0 + 3 * GRID + 100_000_000
+
+
+def test_late_samples_are_reported_not_merged() -> None:
+    p = BY_NAME["power"].index
+    a = GridAligner(AlignParams(allowed_lateness_ns=0))
+    a.add("n", "0", p, [T0, T0 + 2 * GRID], [1.0, 2.0])
+    assert [f.tick_ns for f in a.advance(0)] == [T0]  # tick 1 is empty: no frame, but closed
+    assert a.add("n", "0", p, [T0 + 5, T0 + 2 * GRID + 1, T0 + GRID + 7], [9.0, 3.0, 9.0]) == [0, 2]
+    [f] = a.flush_all()
+    assert f.counts[p] == 2 and f.values[VALUE_COLUMNS.index("power")] == 2.5
+
+
+def test_idle_series_stops_holding_the_watermark_and_idle_node_flushes() -> None:
+    p, t = BY_NAME["power"].index, BY_NAME["temperature"].index
+    a = GridAligner(AlignParams(allowed_lateness_ns=0, idle_series_ns=5 * GRID, idle_flush_ns=10 * GRID))
+    a.add("n", "0", t, [T0], [40.0])
+    a.add("n", "0", p, [T0 + i * GRID for i in range(8)], [1.0] * 8)
+    assert [f.tick_ns for f in a.advance(now_ns=0)] == [T0 + i * GRID for i in range(7)]
+    assert a.advance(now_ns=9 * GRID) == []
+    assert [f.tick_ns for f in a.advance(now_ns=10 * GRID)] == [T0 + 7 * GRID]
+
+
+def test_open_ticks_are_capped() -> None:
+    p, t = BY_NAME["power"].index, BY_NAME["temperature"].index
+    a = GridAligner(AlignParams(allowed_lateness_ns=0, max_open_ticks=3))
+    a.add("n", "0", t, [T0], [40.0])
+    a.add("n", "0", p, [T0 + i * GRID for i in range(10)], [1.0] * 10)
+    assert len(a.advance(0)) == 7 and a.open_cells() == 3
+
+
+def test_oldest_positions_pin_open_cells_per_source() -> None:
+    p, t = BY_NAME["power"].index, BY_NAME["temperature"].index
+    a = GridAligner(AlignParams(allowed_lateness_ns=0))
+    a.add("n", "0", p, [T0], [1.0], source="power", position=10)
+    a.add("n", "0", p, [T0 + 2 * GRID], [1.0], source="power", position=11)
+    a.add("n", "0", t, [T0 + GRID], [40.0], source="temp", position=3)
+    assert a.oldest_positions() == {"power": 10, "temp": 3}
+    a.add("n", "0", t, [T0 + 3 * GRID], [40.0], source="temp", position=4)
+    assert [f.tick_ns for f in a.advance(0)] == [T0, T0 + GRID]  # watermark 2 s: the power series
+    assert a.oldest_positions() == {"power": 11, "temp": 4}
+
+
+def test_recovered_boundary_and_counter_continue_a_crashed_run() -> None:
+    e = BY_NAME["ecc_errors"].index
+    full = GridAligner(AlignParams(allowed_lateness_ns=0))
+    pts = [(T0 + i * 400_000_000, float(v)) for i, v in enumerate([5, 6, 6, 9, 1, 2, 4])]
+    full.add("n", "0", e, [t for t, _ in pts], [v for _, v in pts])
+    frames = full.flush_all()
+    first, rest = frames[0], frames[1:]
+    # A restart that knows tick T0 is written and the counter stood at 6 there.
+    again = GridAligner(AlignParams(allowed_lateness_ns=0),
+                        Recovered({"n": first.tick_ns}, {("n", "0", e): first.values[VALUE_COLUMNS.index("ecc_errors_last")]}))
+    late = again.add("n", "0", e, [t for t, _ in pts], [v for _, v in pts])
+    assert late == [0, 1, 2]
+    assert [(f.tick_ns, f.values) for f in again.flush_all()] == [(f.tick_ns, f.values) for f in rest]
+    inc = VALUE_COLUMNS.index("ecc_errors")
+    assert [f.values[inc] for f in frames] == [1.0, 3.0 + 1.0, 1.0 + 2.0]
+
+
+def test_snapshot_round_trips_through_pickle() -> None:
+    samples = make_samples(random.Random(3), nodes=1, gpus=1, seconds=3)
+    a = GridAligner(AlignParams(allowed_lateness_ns=0))
+    items = sorted(samples.items())
+    for (node, gpu, si), pts in items[: len(items) // 2]:
+        a.add(node, gpu, si, [t for t, _ in pts], [v for _, v in pts], source=si, position=1)
+    b = GridAligner.restore(pickle.loads(pickle.dumps(a.snapshot())))
+    for (node, gpu, si), pts in items[len(items) // 2:]:
+        for x in (a, b):
+            x.add(node, gpu, si, [t for t, _ in pts], [v for _, v in pts], source=si, position=2)
+    assert b.oldest_positions() == a.oldest_positions()
+    assert [(f.tick_ns, f.values, f.counts) for f in b.flush_all()] == [(f.tick_ns, f.values, f.counts) for f in a.flush_all()]
+
+
+def test_params_are_validated() -> None:
+    with pytest.raises(ValueError):
+        AlignParams(grid_ns=10_000_000)
+    with pytest.raises(ValueError):
+        AlignParams(grid_ns=61_000_000_000)
+    with pytest.raises(ValueError):
+        AlignParams(allowed_lateness_ns=-1)
