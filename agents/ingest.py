@@ -95,9 +95,15 @@ class Ingestor:
         # chDB is bound to the thread that opened it; every ClickHouse call goes through this one.
         self._ch = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clickhouse")
         self._route: dict[str, tuple[int, int]] = {t: (_SENSOR, i) for i, t in enumerate(self.topics.sensors)}
+        self._sensor_topics = frozenset(self._route)
         self._route[self.topics.k8s_events] = (_EVENTS, -1)
         self._route[self.topics.clock_sync] = (_CLOCK, -1)
         self._aligners: dict[int, GridAligner] = {}
+        # Sensor partitions not heard from since assignment, per partition number. A series
+        # the aligner has never seen cannot hold the watermark back, so cells of a
+        # partition stay open until each of its topics has delivered or proved empty.
+        self._unheard: dict[int, set[TopicPartition]] = {}
+        self._unheard_since: dict[int, float] = {}
         self._next: dict[TopicPartition, int] = {}
         self._progress = Progress(Recovered())
         self._dirty = False
@@ -118,6 +124,8 @@ class Ingestor:
             params = self.settings.align_params()
             for p in sorted({tp.partition for tp in assigned} - set(self._aligners)):
                 self._aligners[p] = GridAligner(params, self._progress.recovered)
+                self._unheard[p] = {tp for tp in assigned if tp.partition == p and tp.topic in self._sensor_topics}
+                self._unheard_since[p] = time.monotonic()
             log.info("assigned partitions %s", sorted({tp.partition for tp in assigned}))
 
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
@@ -125,6 +133,7 @@ class Ingestor:
             await self._flush_locked()
             for p in {tp.partition for tp in revoked}:
                 self._aligners.pop(p, None)
+                self._unheard.pop(p, None)
             for tp in revoked:
                 self._next.pop(tp, None)
             log.info("revoked partitions %s", sorted({tp.partition for tp in revoked}))
@@ -151,6 +160,8 @@ class Ingestor:
                 async with self._lock:
                     if batch:
                         self._handle(batch)
+                    if self._unheard:
+                        await self._check_unheard(consumer)
                     self._advance()
                     due = time.monotonic_ns() - self._last_flush >= s.flush_interval_ms * 1_000_000
                     if self._store.pending_rows >= s.flush_rows or (due and self._has_work()):
@@ -220,13 +231,31 @@ class Ingestor:
                     else:
                         stats.beacons += 1
             self._next[tp] = records[-1].offset + 1
+            unheard = self._unheard.get(tp.partition)
+            if unheard:
+                unheard.discard(tp)
         stats.rejects = dlq.counts
         self._dirty = True
+
+    async def _check_unheard(self, consumer: AIOKafkaConsumer) -> None:
+        for p, unheard in list(self._unheard.items()):
+            for tp in list(unheard):
+                hw = consumer.highwater(tp)
+                if hw is not None and await consumer.position(tp) >= hw:
+                    unheard.discard(tp)  # nothing to read there: it holds nothing back
+            if unheard and time.monotonic() - self._unheard_since[p] > 30.0:
+                log.warning("partition %d: no fetch answer from %d topics in 30 s; aligning without them",
+                            p, len(unheard))
+                unheard.clear()
+            if not unheard:
+                del self._unheard[p]
 
     def _advance(self) -> None:
         assert self._store is not None
         now = self._clock_ns()
-        for aligner in self._aligners.values():
+        for p, aligner in self._aligners.items():
+            if p in self._unheard:
+                continue
             frames = aligner.advance(now)
             if frames:
                 self._store.add_frames(frames)

@@ -187,3 +187,16 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path 
     settings = Settings(**converted)
     settings.align_params()  # validates the grid and lateness now, not at first use
     return settings
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The settings as ``FLOPWATCH_*`` variables, for a child process (holds secrets: never log it)."""
+    out = {}
+    for f in fields(settings):
+        val = getattr(settings, f.name)
+        if isinstance(val, Secret):
+            val = val.get()
+        elif isinstance(val, bool):
+            val = "true" if val else "false"
+        out[ENV_PREFIX + f.name.upper()] = str(val)
+    return out

@@ -45,6 +45,7 @@ class SimParams:
     leak_mib_per_s: float = 0.0  # > 0: fb_used of (leak_node, leak_gpu) grows until OOMKilled, pod restarts
     leak_node: int = 0
     leak_gpu: int = 0
+    fault_scale: float = 1.0  # multiplies the (rare) rates of ECC errors, ECC resets and XID errors
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus < 1:
@@ -56,6 +57,8 @@ class SimParams:
                 raise ValueError("every sampling period must exceed 2 * jitter_ns")
         if self.leak_mib_per_s < 0 or not math.isfinite(self.leak_mib_per_s):
             raise ValueError("leak_mib_per_s must be finite and >= 0")
+        if not 0.0 <= self.fault_scale <= 1000.0:
+            raise ValueError("fault_scale must be in [0, 1000]")
         if self.leak_mib_per_s > 0 and not (0 <= self.leak_node < self.nodes and 0 <= self.leak_gpu < self.gpus):
             raise ValueError("leak_node / leak_gpu out of range")
 
@@ -268,7 +271,7 @@ def _make_node(p: SimParams, i: int) -> _Node:
         r = Random(f"{p.seed}:{i}:{g}:spec")
         amb = r.uniform(27.0, 33.0)
         # The last slot sits downstream of the others in the airflow: it runs hot and may throttle.
-        t_at_tdp = r.uniform(92.0, 98.0) if g == p.gpus - 1 else r.uniform(76.0, 86.0)
+        t_at_tdp = r.uniform(96.0, 100.0) if g == p.gpus - 1 else r.uniform(76.0, 86.0)
         leak = p.leak_mib_per_s if (i, g) == (p.leak_node, p.leak_gpu) else 0.0
         gpus.append(_Gpu(
             idle_w=phys.idle_w * r.uniform(0.95, 1.05), tdp_w=phys.tdp_w, amb_c=amb,
@@ -300,6 +303,8 @@ def _rate(node: _Node, gpu: _Gpu, t_ns: int, p: SimParams, burst: float) -> floa
 
 def _emit(out: list[SampleBatch], names: tuple[str, ...], node: str, gpu: str, ts: list[int],
           columns: tuple[list[float], ...], labels: Labels) -> None:
+    if not ts:
+        return
     for k, (name, values) in enumerate(zip(names, columns, strict=True)):
         out.append(SampleBatch(name, node, gpu, ts if k == 0 else ts.copy(), values, UTC_CLOCK, dict(labels)))
 
@@ -326,8 +331,8 @@ class _Periodic:
 class _NvmlGen(_Periodic):
     """Sensors 0..12 of one GPU."""
 
-    __slots__ = ("_a_power", "_a_temp", "_bursts", "_clock", "_ecc", "_gpu", "_node", "_p", "_phases",
-                 "_phys", "_power", "_temp")
+    __slots__ = ("_a_power", "_a_temp", "_bursts", "_clock", "_ecc", "_gpu", "_node", "_p", "_p_ecc",
+                 "_p_reset", "_p_xid", "_phases", "_phys", "_power", "_temp")
 
     def __init__(self, p: SimParams, node: _Node, g: int) -> None:
         super().__init__(f"{p.seed}:{node.index}:{g}:nvml", p.start_ns, p.nvml_period_ns, p.jitter_ns)
@@ -343,6 +348,11 @@ class _NvmlGen(_Periodic):
         self._temp = gpu.amb_c + gpu.k_c_per_w * gpu.idle_w + 8.0
         self._clock = self._phys.max_clock_mhz
         self._ecc = 0.0
+        # Per-sample probabilities, cumulative: an ECC error every ~1.4 h of a GPU's 100 ms samples,
+        # an XID every ~2.8 h, a driver reload (counter reset) every ~140 h.
+        self._p_ecc = 2e-5 * p.fault_scale
+        self._p_reset = self._p_ecc + 2e-7 * p.fault_scale
+        self._p_xid = self._p_reset + 1e-5 * p.fault_scale
 
     def run(self, until_ns: int, out: list[SampleBatch], gid: str) -> None:
         if self.next_ts >= until_ns:
@@ -358,6 +368,7 @@ class _NvmlGen(_Periodic):
         max_clk, min_clk = phys.max_clock_mhz, phys.min_clock_mhz
         a_p, a_t, amb, k_c = self._a_power, self._a_temp, gpu.amb_c, gpu.k_c_per_w
         power, temp, clock, ecc_n = self._power, self._temp, self._clock, self._ecc
+        p_ecc, p_reset, p_xid = self._p_ecc, self._p_reset, self._p_xid
         t = self.next_ts
         while t < until_ns:
             rel = life.rel(t)
@@ -406,11 +417,11 @@ class _NvmlGen(_Periodic):
             clock = max_clk if temp_rep <= _THROTTLE_C else max(min_clk, max_clk - 45.0 * (temp_rep - _THROTTLE_C))
             u = rnd()
             xid_code = 0.0
-            if u < 2e-5:
+            if u < p_ecc:
                 ecc_n += 1.0
-            elif u < 2.02e-5:
+            elif u < p_reset:
                 ecc_n = 0.0  # driver reload resets the volatile counters
-            elif u < 3.02e-5:
+            elif u < p_xid:
                 xid_code = float(XID_CODES[int(rnd() * len(XID_CODES))])
                 if xid_code in (48.0, 94.0):
                     ecc_n += 1.0

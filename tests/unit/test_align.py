@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pickle
 import random
-from collections import defaultdict
 
 import pytest
 from hypothesis import given, settings
@@ -12,6 +11,7 @@ from hypothesis import strategies as st
 
 from schemas.catalog import BY_NAME, CATALOG
 from streams.align import VALUE_COLUMNS, AlignParams, Frame, GridAligner, Recovered
+from tests.oracle import oracle
 
 GRID = 1_000_000_000
 T0 = 1_796_200_000 * GRID
@@ -38,49 +38,6 @@ def make_samples(rng: random.Random, nodes: int = 2, gpus: int = 2, seconds: int
                     pts.append((t, v))
                     t += period
                 out[(f"node-{n}", g, s.index)] = pts
-    return out
-
-
-def oracle(samples: dict[Series, list[tuple[int, float]]]) -> dict[tuple[str, str, int], dict[str, object]]:
-    """Frames by plain batch grouping: what every streaming order must reproduce."""
-    cells: dict[tuple[str, str, int], dict[int, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
-    for (node, gpu, si), pts in samples.items():
-        for t, v in pts:
-            cells[(node, gpu, t // GRID * GRID)][si].append((t, v))
-    prev: dict[tuple[str, str, int], float] = {}
-    out: dict[tuple[str, str, int], dict[str, object]] = {}
-    for key in sorted(cells):
-        node, gpu, _ = key
-        row: dict[str, object] = {}
-        for s in CATALOG:
-            pts = sorted(cells[key].get(s.index, []))
-            row[s.count_column] = len(pts)
-            vals = [v for _, v in pts]
-            for agg in s.aggs:
-                col = s.column(agg)
-                if not pts:
-                    row[col] = None
-                elif agg == "mean":
-                    row[col] = sum(vals) / len(vals)
-                elif agg == "max":
-                    row[col] = max(vals)
-                elif agg == "last":
-                    row[col] = vals[-1]
-                elif agg == "increase":
-                    inc, p = 0.0, prev.get((node, gpu, s.index))
-                    for v in vals:
-                        if p is not None:
-                            inc += v - p if v >= p else v
-                        p = v
-                    row[col] = inc
-                elif agg == "last_nonzero":
-                    nz = [v for v in vals if v]
-                    row[col] = nz[-1] if nz else 0.0
-                elif agg == "count":
-                    row[col] = float(len([v for v in vals if v]))
-            if pts and s.kind == "counter":
-                prev[(node, gpu, s.index)] = vals[-1]
-        out[key] = row
     return out
 
 

@@ -1,0 +1,181 @@
+"""The ``flopwatch`` command line: demo, worker, simulate, sql."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from agents.settings import Settings, SettingsError, load_settings
+
+log = logging.getLogger("flopwatch")
+
+
+def _settings(ctx: click.Context) -> Settings:
+    obj: Settings = ctx.obj
+    return obj
+
+
+@click.group()
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
+              help="TOML settings file (default: $FLOPWATCH_CONFIG). Environment variables override it.")
+@click.option("-v", "--verbose", is_flag=True, help="Log at debug level.")
+@click.pass_context
+def cli(ctx: click.Context, config_file: str | None, verbose: bool) -> None:
+    """flopwatch: what your GPU cluster's compute really costs, streamed from Kafka into ClickHouse."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    try:
+        ctx.obj = load_settings(config_file=config_file)
+    except SettingsError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+@cli.command()
+@click.option("--progress", type=click.Choice(["text", "json", "none"]), default="text",
+              help="What to print after each ClickHouse flush (stderr).")
+@click.option("--exit-when-idle", type=float, default=None, metavar="SECONDS",
+              help="Exit once all input is consumed and written and nothing new came for SECONDS.")
+@click.pass_context
+def worker(ctx: click.Context, progress: str, exit_when_idle: float | None) -> None:
+    """Consume the sensor topics, align them and write frames to ClickHouse until stopped."""
+    from agents.admin import ensure_topics
+    from agents.ingest import IngestStats, Ingestor
+
+    settings = _settings(ctx)
+    ensure_topics(settings)
+    ingestor = Ingestor(settings)
+
+    def report(st: IngestStats) -> None:
+        if progress == "json":
+            sys.stderr.write(orjson.dumps({"event": "flush", **st.as_dict()}).decode() + "\n")
+        elif progress == "text":
+            log.info("samples=%d frames=%d rejects=%d lag=%d open_cells=%d", st.samples, st.frames_written,
+                     sum(st.rejects.values()), st.lag, st.open_cells)
+        sys.stderr.flush()
+
+    async def main() -> IngestStats:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        if exit_when_idle is not None:
+            loop.create_task(_stop_when_idle(ingestor, stop, exit_when_idle))
+        return await ingestor.run(stop, report)
+
+    st = asyncio.run(main())
+    report(st)
+
+
+async def _stop_when_idle(ingestor: Any, stop: asyncio.Event, idle_s: float) -> None:
+    last, since = -1, time.monotonic()
+    while not stop.is_set():
+        await asyncio.sleep(0.2)
+        st = ingestor.stats
+        if st.messages != last:
+            last, since = st.messages, time.monotonic()
+        elif st.lag == 0 and st.open_cells == 0 and st.flushes and time.monotonic() - since >= idle_s:
+            stop.set()
+
+
+@cli.command()
+@click.option("--nodes", default=2, show_default=True, help="Simulated nodes.")
+@click.option("--gpus", default=2, show_default=True, help="GPUs per node.")
+@click.option("--duration", default=60.0, show_default=True, help="Seconds of event time to publish.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--batch-size", default=100, show_default=True, help="Samples per message (1 = single-sample form).")
+@click.option("--mode", type=click.Choice(["live", "backlog"]), default="live", show_default=True,
+              help="live: in real time from now; backlog: the last DURATION seconds, as fast as possible.")
+@click.option("--bad-every", default=0, help="Also send a corrupted copy of every N-th message (0 = never).")
+@click.pass_context
+def simulate(ctx: click.Context, nodes: int, gpus: int, duration: float, seed: int, batch_size: int, mode: str,
+             bad_every: int) -> None:
+    """Publish a simulated GPU cluster (all 23 streams and K8s events) to Kafka."""
+    from agents.admin import ensure_topics
+    from agents.simulator import SimulatorPublisher
+    from streams.simulate import SimParams
+
+    settings = _settings(ctx)
+    ensure_topics(settings)
+    now = time.time_ns()
+    start = now if mode == "live" else now - int(duration * 1e9)
+    params = SimParams(nodes=nodes, gpus=gpus, seed=seed, start_ns=start)
+    pub = SimulatorPublisher(settings, params, batch_size=batch_size, bad_every=bad_every)
+    t0 = time.monotonic()
+    st = pub.live(duration) if mode == "live" else pub.backlog(duration)
+    secs = time.monotonic() - t0
+    click.echo(orjson.dumps({"start_ns": start, "messages": st.messages, "samples": st.samples, "events": st.events,
+                             "bad": st.bad, "seconds": round(secs, 3)}).decode())
+
+
+@cli.command()
+@click.argument("query")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
+@click.pass_context
+def sql(ctx: click.Context, query: str, fmt: str) -> None:
+    """Run a ClickHouse SQL QUERY against flopwatch's database and print the result."""
+    from agents.clickhouse import ClickHouseError, open_backend
+
+    settings = _settings(ctx)
+    try:
+        backend = open_backend(settings)
+        try:
+            names, rows = backend.rows(query)
+        finally:
+            backend.close()
+    except ClickHouseError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(render(names, rows, fmt), nl=False)
+
+
+def render(names: list[str], rows: list[tuple[Any, ...]], fmt: str) -> str:
+    if fmt == "json":
+        return orjson.dumps([dict(zip(names, r, strict=True)) for r in rows], default=str).decode() + "\n"
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(names)
+        w.writerows(rows)
+        return buf.getvalue()
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(*names)
+    for r in rows:
+        table.add_row(*("NULL" if v is None else str(v) for v in r))
+    buf = io.StringIO()
+    Console(file=buf, width=200).print(table)
+    return buf.getvalue()
+
+
+@cli.command()
+@click.option("--duration", default=30.0, show_default=True, help="Seconds to simulate.")
+@click.option("--nodes", default=2, show_default=True, help="Simulated nodes.")
+@click.option("--gpus", default=4, show_default=True, help="GPUs per node.")
+@click.pass_context
+def demo(ctx: click.Context, duration: float, nodes: int, gpus: int) -> None:
+    """Everything on one machine: local Kafka, embedded ClickHouse, a simulated cluster, live progress."""
+    from agents.demo import run_demo
+
+    settings = _settings(ctx)
+    if settings.clickhouse_backend != "chdb":
+        log.info("demo uses the %s backend as configured", settings.clickhouse_backend)
+    run_demo(settings, duration, nodes, gpus, Path(__file__).resolve().parents[1])
+
+
+def main() -> None:
+    cli(prog_name="flopwatch")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""Publishes the simulated cluster to Kafka, as a live stream or as a backlog."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agents.producer import SampleProducer
+from agents.settings import Settings
+from agents.topics import Topics
+from schemas.catalog import BY_NAME
+from schemas.codec import encode_batch, encode_k8s_event, encode_sample
+from schemas.records import SampleBatch
+from streams.simulate import ClusterSimulator, SimParams
+
+log = logging.getLogger(__name__)
+_S = 1_000_000_000
+
+
+@dataclass(slots=True)
+class PublishStats:
+    messages: int = 0
+    samples: int = 0
+    events: int = 0
+    bad: int = 0
+
+
+def batch_messages(batch: SampleBatch, batch_size: int) -> list[bytes]:
+    """Wire messages for one series' samples: single-sample form when ``batch_size`` is 1."""
+    if batch_size == 1:
+        return [encode_sample(s) for s in batch.samples()]
+    out = []
+    for i in range(0, len(batch), batch_size):
+        part = SampleBatch(batch.sensor, batch.node, batch.gpu, batch.ts_ns[i:i + batch_size],
+                           batch.value[i:i + batch_size], batch.clock, batch.labels)
+        out.append(encode_batch(part))
+    return out
+
+
+class SimulatorPublisher:
+    """Runs ``ClusterSimulator`` and sends every sample to its ``sensors.<name>`` topic, keyed by node.
+
+    ``bad_every`` > 0 adds one corrupted copy after every N-th message (the demo's
+    rejects); the good stream is unchanged, so frames stay exact.
+    """
+
+    def __init__(self, settings: Settings, params: SimParams, batch_size: int = 100, bad_every: int = 0) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        self.params = params
+        self.batch_size = batch_size
+        self.bad_every = bad_every
+        self.sim = ClusterSimulator(params)
+        self.topics = Topics(settings.topic_prefix)
+        self.producer = SampleProducer(settings)
+        self.stats = PublishStats()
+        self._topic_of = {name: self.topics.sensor(s.index) for name, s in BY_NAME.items()}
+
+    def _publish(self, until_ns: int) -> None:
+        st, send = self.stats, self.producer.send
+        for batch in self.sim.advance(until_ns):
+            topic, key = self._topic_of[batch.sensor], batch.node
+            for msg in batch_messages(batch, self.batch_size):
+                send(topic, msg, key)
+                st.messages += 1
+                if self.bad_every and st.messages % self.bad_every == 0:
+                    send(topic, msg[: len(msg) // 2], key)  # truncated JSON: malformed_json
+                    st.bad += 1
+            st.samples += len(batch)
+        for ev in self.sim.k8s_events():
+            send(self.topics.k8s_events, encode_k8s_event(ev), ev.node)
+            st.events += 1
+        self.producer.poll()
+
+    def backlog(self, duration_s: float, chunk_s: float = 10.0) -> PublishStats:
+        """Publish ``duration_s`` of event time from ``params.start_ns`` as fast as Kafka takes it."""
+        end = self.params.start_ns + int(duration_s * _S)
+        t = self.params.start_ns
+        while t < end:
+            t = min(end, t + int(chunk_s * _S))
+            self._publish(t)
+        self.producer.flush()
+        return self.stats
+
+    def live(self, duration_s: float, stop: threading.Event | None = None, step_s: float = 0.1,
+             clock_ns: Callable[[], int] = time.time_ns,
+             on_step: Callable[[PublishStats], None] | None = None) -> PublishStats:
+        """Publish in real time: at each step, every sample whose event time has passed."""
+        end = self.params.start_ns + int(duration_s * _S)
+        while stop is None or not stop.is_set():
+            now = min(clock_ns(), end)
+            self._publish(now)
+            if on_step is not None:
+                on_step(self.stats)
+            if now >= end:
+                break
+            time.sleep(step_s)
+        self.producer.flush()
+        return self.stats
