@@ -50,7 +50,7 @@ def cli(ctx: click.Context, config_file: str | None, verbose: bool) -> None:
 def worker(ctx: click.Context, progress: str, exit_when_idle: float | None) -> None:
     """Consume the sensor topics, align them and write frames to ClickHouse until stopped."""
     from agents.admin import ensure_topics
-    from agents.ingest import IngestStats, Ingestor
+    from agents.ingest import Ingestor, IngestStats
 
     settings = _settings(ctx)
     ensure_topics(settings)
@@ -69,9 +69,14 @@ def worker(ctx: click.Context, progress: str, exit_when_idle: float | None) -> N
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        watcher = None
         if exit_when_idle is not None:
-            loop.create_task(_stop_when_idle(ingestor, stop, exit_when_idle))
-        return await ingestor.run(stop, report)
+            watcher = loop.create_task(_stop_when_idle(ingestor, stop, exit_when_idle))
+        try:
+            return await ingestor.run(stop, report)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
 
     st = asyncio.run(main())
     report(st)
