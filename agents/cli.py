@@ -60,7 +60,7 @@ def worker(ctx: click.Context, progress: str, exit_when_idle: float | None) -> N
         if progress == "json":
             sys.stderr.write(orjson.dumps({"event": "flush", **st.as_dict()}).decode() + "\n")
         elif progress == "text":
-            log.info("samples=%d frames=%d rejects=%d lag=%d open_cells=%d", st.samples, st.frames_written,
+            log.info("samples=%d frames=%d rejects=%d lag=%s open_cells=%d", st.samples, st.frames_written,
                      sum(st.rejects.values()), st.lag, st.open_cells)
         sys.stderr.flush()
 
@@ -87,9 +87,9 @@ async def _stop_when_idle(ingestor: Any, stop: asyncio.Event, idle_s: float) -> 
     while not stop.is_set():
         await asyncio.sleep(0.2)
         st = ingestor.stats
-        if st.messages != last:
+        if st.messages != last or st.lag != 0:
             last, since = st.messages, time.monotonic()
-        elif st.lag == 0 and st.open_cells == 0 and st.flushes and time.monotonic() - since >= idle_s:
+        elif st.open_cells == 0 and time.monotonic() - since >= idle_s:
             stop.set()
 
 

@@ -60,7 +60,7 @@ class IngestStats:
     beacons: int = 0
     replayed_dropped: int = 0
     rejects: Counter[str] = field(default_factory=Counter)
-    lag: int = 0
+    lag: int | None = None  # records behind the end of the assigned partitions; None: not known yet
     flushes: int = 0
     open_cells: int = 0
 
@@ -164,10 +164,14 @@ class Ingestor:
                         await self._check_unheard(consumer)
                     self._advance()
                     due = time.monotonic_ns() - self._last_flush >= s.flush_interval_ms * 1_000_000
-                    if self._store.pending_rows >= s.flush_rows or (due and self._has_work()):
+                    flushed = self._store.pending_rows >= s.flush_rows or (due and self._has_work())
+                    if flushed:
                         await self._flush_locked()
-                        if on_flush is not None:
-                            on_flush(self.stats)
+                    if flushed or due:
+                        self._last_flush = time.monotonic_ns()
+                        await self._update_lag(consumer)
+                    if flushed and on_flush is not None:
+                        on_flush(self.stats)
             async with self._lock:
                 await self._flush_locked()
         finally:
@@ -237,6 +241,20 @@ class Ingestor:
         stats.rejects = dlq.counts
         self._dirty = True
 
+    async def _update_lag(self, consumer: AIOKafkaConsumer) -> None:
+        """Records behind the end of every assigned partition; None until each end is known."""
+        lag: int | None = 0
+        for tp in consumer.assignment():
+            hw = consumer.highwater(tp)
+            if hw is None:
+                lag = None
+                break
+            pos = self._next.get(tp)
+            if pos is None:
+                pos = await consumer.position(tp)
+            lag += max(0, hw - pos)
+        self.stats.lag = lag
+
     async def _check_unheard(self, consumer: AIOKafkaConsumer) -> None:
         for p, unheard in list(self._unheard.items()):
             for tp in list(unheard):
@@ -281,9 +299,3 @@ class Ingestor:
         st.frames_written, st.events_written = store.frames_written, store.events_written
         st.flushes += 1
         st.open_cells = sum(a.open_cells() for a in self._aligners.values())
-        lag = 0
-        for tp, nxt in self._next.items():
-            hw = consumer.highwater(tp)
-            if hw is not None:
-                lag += max(0, hw - nxt)
-        st.lag = lag

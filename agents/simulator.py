@@ -58,8 +58,10 @@ class SimulatorPublisher:
         self.producer = SampleProducer(settings)
         self.stats = PublishStats()
         self._topic_of = {name: self.topics.sensor(s.index) for name, s in BY_NAME.items()}
+        self.until_ns = params.start_ns  # event time published so far
 
     def _publish(self, until_ns: int) -> None:
+        self.until_ns = until_ns
         st, send = self.stats, self.producer.send
         for batch in self.sim.advance(until_ns):
             topic, key = self._topic_of[batch.sensor], batch.node
@@ -76,9 +78,9 @@ class SimulatorPublisher:
         self.producer.poll()
 
     def backlog(self, duration_s: float, chunk_s: float = 10.0) -> PublishStats:
-        """Publish ``duration_s`` of event time from ``params.start_ns`` as fast as Kafka takes it."""
-        end = self.params.start_ns + int(duration_s * _S)
-        t = self.params.start_ns
+        """Publish the next ``duration_s`` of event time as fast as Kafka takes it."""
+        t = self.until_ns
+        end = t + int(duration_s * _S)
         while t < end:
             t = min(end, t + int(chunk_s * _S))
             self._publish(t)
@@ -89,7 +91,7 @@ class SimulatorPublisher:
              clock_ns: Callable[[], int] = time.time_ns,
              on_step: Callable[[PublishStats], None] | None = None) -> PublishStats:
         """Publish in real time: at each step, every sample whose event time has passed."""
-        end = self.params.start_ns + int(duration_s * _S)
+        end = self.until_ns + int(duration_s * _S)
         while stop is None or not stop.is_set():
             now = min(clock_ns(), end)
             self._publish(now)

@@ -39,7 +39,7 @@ class SimParams:
     step_period_ns: int = 250_000_000  # framework per-step streams: mean step time, jittered per step
     infer_period_ns: int = 1_000_000_000  # inference-server streams
     jitter_ns: int = 2_000_000  # timestamp jitter (+-), deterministic
-    gpu_model: str = "H200"
+    gpu_model: str = "H200"  # a label; physics from GPU_PHYSICS (H200 figures for a model not listed)
     region: str = "us-east"
     infer_day_ns: int = 600 * _S  # period of the request-rate cycle: a "day" compressed to 10 min
     leak_mib_per_s: float = 0.0  # > 0: fb_used of (leak_node, leak_gpu) grows until OOMKilled, pod restarts

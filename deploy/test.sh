@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# deploy/test.sh — the test command: installs what is missing, starts Kafka (KRaft) and
+# clickhouse-server, runs every test against them, and stops them again.
+#
+# Extra arguments go to pytest (e.g. deploy/test.sh tests/unit -x).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+deploy/setup.sh
+# Started here rather than by the test session so a broken install fails before any test.
+env_file="$(mktemp)"
+trap 'deploy/services.sh stop >&2 || true; rm -f "$env_file"' EXIT
+deploy/services.sh start > "$env_file"
+# shellcheck disable=SC1090
+source "$env_file"
+.venv/bin/python -m pytest "$@"
