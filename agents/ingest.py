@@ -63,6 +63,8 @@ class IngestStats:
     lag: int | None = None  # records behind the end of the assigned partitions; None: not known yet
     flushes: int = 0
     open_cells: int = 0
+    first_record_ns: int = 0  # monotonic; for throughput figures
+    last_record_ns: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {"messages": self.messages, "samples": self.samples, "frames_written": self.frames_written,
@@ -105,6 +107,7 @@ class Ingestor:
         self._unheard: dict[int, set[TopicPartition]] = {}
         self._unheard_since: dict[int, float] = {}
         self._next: dict[TopicPartition, int] = {}
+        self._tp_max_ts: dict[TopicPartition, int] = {}  # newest event time read per sensor partition
         self._progress = Progress(Recovered())
         self._dirty = False
         self._lock = asyncio.Lock()
@@ -136,6 +139,7 @@ class Ingestor:
                 self._unheard.pop(p, None)
             for tp in revoked:
                 self._next.pop(tp, None)
+                self._tp_max_ts.pop(tp, None)
             log.info("revoked partitions %s", sorted({tp.partition for tp in revoked}))
 
     # -- the loop ------------------------------------------------------------------------
@@ -160,6 +164,9 @@ class Ingestor:
                 async with self._lock:
                     if batch:
                         self._handle(batch)
+                        self.stats.last_record_ns = time.monotonic_ns()
+                        if not self.stats.first_record_ns:
+                            self.stats.first_record_ns = self.stats.last_record_ns
                     if self._unheard:
                         await self._check_unheard(consumer)
                     self._advance()
@@ -198,6 +205,7 @@ class Ingestor:
             if kind == _SENSOR:
                 name = CATALOG[si].name
                 replay_end = self._progress.consumed.get((tp.topic, tp.partition), -1)
+                tp_max = self._tp_max_ts.get(tp, 0)
                 for rec in records:
                     res = decode_samples(rec.value or b"", name, limits)
                     if isinstance(res, Reject):
@@ -209,6 +217,8 @@ class Ingestor:
                                  rec.value, rec.key, tp.topic, tp.partition, rec.offset, rec.headers)
                         continue
                     stats.samples += len(res.ts_ns)
+                    if res.ts_ns[-1] > tp_max:
+                        tp_max = res.ts_ns[-1]
                     late = aligner.add(res.node, res.gpu, si, res.ts_ns, res.value, res.labels, si, rec.offset)
                     if late:
                         if rec.offset < replay_end:
@@ -218,6 +228,7 @@ class Ingestor:
                                             "grid cells already written"), rec.value, rec.key, tp.topic,
                                      tp.partition, rec.offset, rec.headers,
                                      indices=late if len(res.ts_ns) > 1 else None)
+                self._tp_max_ts[tp] = tp_max
             elif kind == _EVENTS:
                 done = self._progress.events_done.get((tp.topic, tp.partition), -1)
                 for rec in records:
@@ -268,13 +279,30 @@ class Ingestor:
             if not unheard:
                 del self._unheard[p]
 
+    def _source_holds(self) -> dict[int, int]:
+        """Per partition number, the event time of its slowest sensor partition that still has unread records.
+
+        Kafka hands out topics at different speeds, so during a catch-up one topic can
+        run far ahead; a series first seen in a lagging topic must not find its cells
+        already closed by the others (Flink's per-partition watermark, in one line).
+        """
+        consumer = self._consumer
+        assert consumer is not None
+        hold: dict[int, int] = {}
+        for tp, ts in self._tp_max_ts.items():
+            hw = consumer.highwater(tp)
+            if hw is not None and self._next.get(tp, hw) < hw and ts < hold.get(tp.partition, ts + 1):
+                hold[tp.partition] = ts
+        return hold
+
     def _advance(self) -> None:
         assert self._store is not None
         now = self._clock_ns()
+        hold = self._source_holds()
         for p, aligner in self._aligners.items():
             if p in self._unheard:
                 continue
-            frames = aligner.advance(now)
+            frames = aligner.advance(now, hold.get(p))
             if frames:
                 self._store.add_frames(frames)
 

@@ -77,8 +77,15 @@ class SimulatorPublisher:
             st.events += 1
         self.producer.poll()
 
-    def backlog(self, duration_s: float, chunk_s: float = 10.0) -> PublishStats:
-        """Publish the next ``duration_s`` of event time as fast as Kafka takes it."""
+    def backlog(self, duration_s: float, chunk_s: float | None = None) -> PublishStats:
+        """Publish the next ``duration_s`` of event time as fast as Kafka takes it.
+
+        Series are sent chunk by chunk, so a topic's event times are out of order by up
+        to a chunk; the default chunk (1 s, or the span of one full batch message) keeps
+        that within the worker's default allowed lateness.
+        """
+        if chunk_s is None:
+            chunk_s = 1.0 if self.batch_size == 1 else self.batch_size * self.params.nvml_period_ns / _S
         t = self.until_ns
         end = t + int(duration_s * _S)
         while t < end:

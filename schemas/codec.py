@@ -25,6 +25,8 @@ from schemas.records import (
 )
 
 R = RejectReason
+_INT: Final = frozenset({int})
+_NUMBER: Final = frozenset({int, float})
 _DAY_NS: Final = 86_400 * 10**9
 
 
@@ -97,9 +99,8 @@ def _labels(obj: dict[str, Any]) -> Labels | Reject | None:
 
 
 def _check_times(ts: list[int], clock: str, limits: TimeLimits | None) -> Reject | None:
-    for t in ts:
-        if type(t) is not int:
-            return Reject(R.WRONG_TYPE, "ts_ns must hold integers (nanoseconds)")
+    if not _INT.issuperset(map(type, ts)):
+        return Reject(R.WRONG_TYPE, "ts_ns must hold integers (nanoseconds)")
     if limits is None or clock != UTC_CLOCK or not ts:
         return None
     lo, hi = min(ts), max(ts)
@@ -150,10 +151,9 @@ def decode_samples(raw: bytes, sensor: str, limits: TimeLimits | None = None) ->
         return Reject(R.WRONG_TYPE, "ts_ns must be an array when value is one")
     else:
         values, stamps = [value], [ts]
-    for x in values:
-        t = type(x)
-        if t is not float and t is not int:
-            return Reject(R.WRONG_TYPE, f"value must be a number, got {type(x).__name__}")
+    if not _NUMBER.issuperset(map(type, values)):  # C-speed; bool is its own type, so it fails too
+        bad_type = next(type(x).__name__ for x in values if type(x) not in _NUMBER)
+        return Reject(R.WRONG_TYPE, f"value must be a number, got {bad_type}")
     if min(values) < spec.lo or max(values) > spec.hi:
         bad = next(x for x in values if not spec.lo <= x <= spec.hi)
         return Reject(R.OUT_OF_RANGE, f"{sensor}={bad} outside [{spec.lo:g}, {spec.hi:g}] {spec.unit}")

@@ -22,8 +22,11 @@ the samples of the cells it lost.
 from __future__ import annotations
 
 import copy
+from bisect import bisect_left
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import islice
+from operator import le
 from typing import Any, Final
 
 from schemas.catalog import CATALOG, value_columns
@@ -149,51 +152,73 @@ class GridAligner:
         st.touched = True
         if labels is not None:
             st.labels[gpu] = labels
+        n = len(ts_ns)
+        order: list[int] | None = None
+        if n > 1 and not all(map(le, ts_ns, islice(ts_ns, 1, None))):
+            # Out-of-order within a message is legal but rare: sort once, report original indices.
+            order = sorted(range(n), key=ts_ns.__getitem__)
+            ts_ns = [ts_ns[k] for k in order]
+            values = [values[k] for k in order]
         grid = self._grid
         closed = st.closed_until
         ticks = st.ticks
         pins = st.pins
         gauge = _KINDS[sensor_index] == _GAUGE
         late: list[int] = []
-        cur_tick = _NO_TS
-        acc: _Acc = []
-        newest = _NO_TS
-        for i, t in enumerate(ts_ns):
-            tick = t // grid
-            if tick != cur_tick:
-                if tick < closed:
-                    late.append(i)
-                    continue
-                cur_tick = tick
-                gpus = ticks.get(tick)
-                if gpus is None:
-                    gpus = ticks[tick] = {}
-                    pins[tick] = {source: position}
-                else:
-                    p = pins[tick]
-                    if position < p.get(source, position + 1):
-                        p[source] = position
-                cell = gpus.get(gpu)
-                if cell is None:
-                    cell = gpus[gpu] = [None] * N_SENSORS
-                got = cell[sensor_index]
-                if got is None:
-                    got = cell[sensor_index] = [0, 0.0, float("-inf"), _NO_TS, 0.0] if gauge else [0, []]
-                acc = got
-            v = values[i]
-            if t > newest:
-                newest = t
+        # Samples come sorted, so each grid cell is one contiguous run: aggregate runs
+        # with C-level sum/max instead of touching samples one by one in Python.
+        i = 0
+        while i < n:
+            tick = ts_ns[i] // grid
+            j = bisect_left(ts_ns, (tick + 1) * grid, i + 1, n) if n - i > 1 else n
+            if tick < closed:
+                late.extend(range(i, j))
+                i = j
+                continue
+            gpus = ticks.get(tick)
+            if gpus is None:
+                gpus = ticks[tick] = {}
+                pins[tick] = {source: position}
+            else:
+                p = pins[tick]
+                if position < p.get(source, position + 1):
+                    p[source] = position
+            cell = gpus.get(gpu)
+            if cell is None:
+                cell = gpus[gpu] = [None] * N_SENSORS
+            acc = cell[sensor_index]
             if gauge:
-                acc[0] += 1
-                acc[1] += v
-                if v > acc[2]:
-                    acc[2] = v
+                if acc is None:
+                    acc = cell[sensor_index] = [0, 0.0, float("-inf"), _NO_TS, 0.0]
+                if j - i == 1:
+                    v = values[i]
+                    acc[0] += 1
+                    acc[1] += v
+                    if v > acc[2]:
+                        acc[2] = v
+                else:
+                    run = values[i:j]
+                    acc[0] += j - i
+                    acc[1] += sum(run)
+                    m = max(run)
+                    if m > acc[2]:
+                        acc[2] = m
+                t = ts_ns[j - 1]
+                v = values[j - 1]
+                if j - i > 1 and ts_ns[j - 2] == t:  # ties on the last instant: the largest value wins
+                    v = max(values[bisect_left(ts_ns, t, i, j):j])
                 if t > acc[3] or (t == acc[3] and v > acc[4]):
                     acc[3] = t
                     acc[4] = v
             else:
-                acc[0] += 1
-                acc[1].append((t, v))
+                if acc is None:
+                    acc = cell[sensor_index] = [0, []]
+                acc[0] += j - i
+                acc[1].extend(zip(ts_ns[i:j], values[i:j], strict=True))
+            i = j
+        newest = ts_ns[-1] if len(late) < n else _NO_TS
+        if order is not None:
+            late = sorted(order[k] for k in late)
         series = st.series_max.get(gpu)
         if series is None:
             series = st.series_max[gpu] = [_NO_TS] * N_SENSORS
@@ -225,8 +250,14 @@ class GridAligner:
                     low = m
         return low - self.params.allowed_lateness_ns
 
-    def advance(self, now_ns: int) -> list[Frame]:
-        """Close every cell the watermarks have passed; ``now_ns`` is processing time."""
+    def advance(self, now_ns: int, source_hold_ns: int | None = None) -> list[Frame]:
+        """Close every cell the watermarks have passed; ``now_ns`` is processing time.
+
+        ``source_hold_ns`` is the event time the slowest unfinished input source has
+        reached (the per-partition watermark of a Kafka consumer): a series that first
+        appears there later must still find its cells open, so nothing closes past it
+        (minus the lateness), and a node does not count as idle while it is set.
+        """
         out: list[Frame] = []
         for node, st in self._nodes.items():
             if st.touched:
@@ -235,9 +266,12 @@ class GridAligner:
             if not st.ticks:
                 continue
             wm = self._watermark(st)
+            if wm is not None and source_hold_ns is not None:
+                wm = min(wm, source_hold_ns - self.params.allowed_lateness_ns)
             close = st.closed_until if wm is None else max(st.closed_until, wm // self._grid)
             newest_tick = max(st.ticks)
-            idle = st.last_input_ns is not None and now_ns - st.last_input_ns >= self.params.idle_flush_ns
+            idle = (source_hold_ns is None and st.last_input_ns is not None
+                    and now_ns - st.last_input_ns >= self.params.idle_flush_ns)
             if idle:
                 close = newest_tick + 1
             # Bounded memory: a node cannot hold more open ticks than the cap, whatever its input.

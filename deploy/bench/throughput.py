@@ -1,0 +1,137 @@
+"""Samples/s through the whole path (Kafka -> decode -> align -> chDB) for one worker process,
+beside a plain aiokafka consumer that only decodes the same messages, in the same run.
+
+    python deploy/bench/throughput.py [--samples 2000000] [--single-messages 200000] [--profile]
+
+Needs a Kafka broker (FLOPWATCH_KAFKA_BOOTSTRAP, default 127.0.0.1:9092; deploy/kafka.sh start).
+Prints one JSON object with the figures; the README's performance section quotes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import json
+import pstats
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from agents.admin import delete_topics, ensure_topics
+from agents.ingest import Ingestor
+from agents.settings import Settings, load_settings
+from agents.simulator import SimulatorPublisher
+from agents.topics import Topics, aiokafka_config
+from streams.simulate import SimParams
+
+
+def publish(settings: Settings, samples: int, batch_size: int) -> dict[str, Any]:
+    nodes, gpus = 8, 8
+    per_second = 9_000  # about what 8 x 8 simulated GPUs emit per second of event time
+    duration = max(10.0, samples / per_second)
+    params = SimParams(nodes=nodes, gpus=gpus, seed=1, start_ns=time.time_ns() - int(duration * 1e9))
+    pub = SimulatorPublisher(settings, params, batch_size=batch_size)
+    t0 = time.perf_counter()
+    st = pub.backlog(duration)
+    return {"messages": st.messages, "samples": st.samples, "publish_s": time.perf_counter() - t0}
+
+
+async def plain_decode(settings: Settings, messages: int) -> float:
+    """Seconds for a bare aiokafka getmany loop to read and orjson-decode ``messages`` records."""
+    consumer = AIOKafkaConsumer(*Topics(settings.topic_prefix).sensors, **aiokafka_config(settings),
+                                group_id=f"plain-{uuid.uuid4().hex[:6]}", auto_offset_reset="earliest",
+                                enable_auto_commit=False, max_poll_records=settings.max_poll_records,
+                                fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=4 * 1024 * 1024)
+    await consumer.start()
+    seen, t0 = 0, 0.0
+    loads = orjson.loads
+    try:
+        while seen < messages:
+            batch = await consumer.getmany(timeout_ms=200)
+            if batch and not t0:
+                t0 = time.perf_counter()
+            for records in batch.values():
+                for rec in records:
+                    loads(rec.value)
+                seen += len(records)
+        return time.perf_counter() - t0
+    finally:
+        await consumer.stop()
+
+
+async def full_path(settings: Settings, samples: int, profile: bool) -> dict[str, Any]:
+    ingestor = Ingestor(settings)
+    stop = asyncio.Event()
+    done: dict[str, float] = {}
+
+    async def watch() -> None:
+        while not stop.is_set():
+            await asyncio.sleep(0.02)
+            st = ingestor.stats
+            if st.samples >= samples and st.open_cells == 0 and st.lag == 0 and "t" not in done:
+                done["t"] = time.monotonic_ns()
+                stop.set()
+
+    prof = cProfile.Profile() if profile else None
+    task = asyncio.create_task(watch())
+    if prof:
+        prof.enable()
+    st = await ingestor.run(stop)
+    if prof:
+        prof.disable()
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(25)
+    await task
+    secs = (done["t"] - st.first_record_ns) / 1e9
+    return {"seconds": secs, "samples": st.samples, "messages": st.messages, "frames": st.frames_written,
+            "rejects": dict(st.rejects)}
+
+
+def run_case(base: Settings, label: str, samples: int, batch_size: int, profile: bool) -> dict[str, Any]:
+    tag = uuid.uuid4().hex[:6]
+    with tempfile.TemporaryDirectory() as tmp:
+        # Cells close by watermark, not by idleness: a 1 s idle flush would wait on the clock.
+        settings = base.replace(topic_prefix=f"bench{tag}.", group_id=f"bench{tag}", chdb_path=f"{tmp}/chdb",
+                                idle_flush_s=0.5)
+        ensure_topics(settings)
+        try:
+            pub = publish(settings, samples, batch_size)
+            plain_s = asyncio.run(plain_decode(settings, pub["messages"]))
+            full = asyncio.run(full_path(settings, pub["samples"], profile))
+        finally:
+            delete_topics(settings)
+    out = {
+        "case": label, "messages": pub["messages"], "samples": pub["samples"],
+        "plain_decode_msgs_per_s": round(pub["messages"] / plain_s),
+        "plain_decode_samples_per_s": round(pub["samples"] / plain_s),
+        "full_path_samples_per_s": round(full["samples"] / full["seconds"]),
+        "full_path_msgs_per_s": round(full["messages"] / full["seconds"]),
+        "ratio_to_plain_decode": round(plain_s / full["seconds"], 3),
+        "frames": full["frames"], "rejects": full["rejects"],
+    }
+    assert full["samples"] == pub["samples"] and not full["rejects"], out
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--samples", type=int, default=2_000_000, help="samples for the batched case (100 per message)")
+    ap.add_argument("--single-messages", type=int, default=200_000, help="messages for the single-sample case")
+    ap.add_argument("--profile", action="store_true", help="cProfile the full path (stderr)")
+    args = ap.parse_args()
+    base = load_settings()
+    results = [run_case(base, "batched (100 samples/message)", args.samples, 100, args.profile),
+               run_case(base, "single-sample messages", args.single_messages, 1, args.profile)]
+    print(json.dumps({"date": time.strftime("%Y-%m-%d"), "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
