@@ -46,15 +46,16 @@ def cli(ctx: click.Context, config_file: str | None, verbose: bool) -> None:
               help="What to print after each ClickHouse flush (stderr).")
 @click.option("--exit-when-idle", type=float, default=None, metavar="SECONDS",
               help="Exit once all input is consumed and written and nothing new came for SECONDS.")
+@click.option("--runtime", type=click.Choice(["plain", "faust"]), default="plain", show_default=True,
+              help="plain: asyncio process; faust: the ingest as a service of the Faust app's worker.")
 @click.pass_context
-def worker(ctx: click.Context, progress: str, exit_when_idle: float | None) -> None:
+def worker(ctx: click.Context, progress: str, exit_when_idle: float | None, runtime: str) -> None:
     """Consume the sensor topics, align them and write frames to ClickHouse until stopped."""
     from agents.admin import ensure_topics
     from agents.ingest import Ingestor, IngestStats
 
     settings = _settings(ctx)
     ensure_topics(settings)
-    ingestor = Ingestor(settings)
 
     def report(st: IngestStats) -> None:
         if progress == "json":
@@ -63,6 +64,17 @@ def worker(ctx: click.Context, progress: str, exit_when_idle: float | None) -> N
             log.info("samples=%d frames=%d rejects=%d lag=%s open_cells=%d", st.samples, st.frames_written,
                      sum(st.rejects.values()), st.lag, st.open_cells)
         sys.stderr.flush()
+
+    if runtime == "faust":
+        if exit_when_idle is not None:
+            raise click.UsageError("--exit-when-idle needs --runtime plain")
+        import faust
+
+        from agents.app import create_app
+
+        faust.Worker(create_app(settings, report), loglevel="INFO").execute_from_commandline()
+        return
+    ingestor = Ingestor(settings)
 
     async def main() -> IngestStats:
         stop = asyncio.Event()

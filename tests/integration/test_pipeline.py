@@ -33,3 +33,35 @@ def test_all_streams_land_as_exact_frames(any_settings: Settings, batch_size: in
     # Every one of the 23 sensors was carried end to end.
     for s in CATALOG:
         assert sum(row[s.count_column] for row in got.values()) > 0, s.name  # type: ignore[misc]
+
+
+def test_faust_worker_runtime_writes_the_same_frames(base_settings: Settings) -> None:
+    import signal
+    import subprocess
+
+    import orjson
+
+    from tests.integration.helpers import worker_cmd, worker_env
+
+    duration = 10.0
+    params = SimParams(nodes=2, gpus=1, seed=4, start_ns=time.time_ns() - int(duration * 1e9))
+    sent = SimulatorPublisher(base_settings, params, batch_size=10).backlog(duration)
+    want = expected_frames(params, duration)
+    proc = subprocess.Popen(worker_cmd("--runtime", "faust"), env=worker_env(base_settings),
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 120
+    stats: dict[str, object] = {}
+    for line in proc.stderr:
+        start = line.find('{"event":"flush"')
+        if start >= 0:
+            stats = orjson.loads(line[start:].strip())
+            if stats["frames_written"] == len(want):
+                break
+        assert time.monotonic() < deadline, "faust worker did not finish in time"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0
+    assert stats["samples"] == sent.samples
+    got, nrows = stored_frames(base_settings)
+    assert nrows == len(got)
+    assert_frames_equal(got, want)

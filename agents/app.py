@@ -1,0 +1,89 @@
+"""The Faust app: ``create_app(settings)`` builds it; the ingest runs inside it as a service.
+
+The app declares every topic of the wire contract with raw-bytes codecs (Faust's own
+decode path acks a message and then crashes the agent on bad input, faust#175), so
+agents added later decode with ``schemas.codec`` and dead-letter what fails. The
+ingest itself is a batch consumer (see ``agents.ingest``) hosted as a Faust service,
+so one ``flopwatch worker --runtime faust`` process runs Faust's worker machinery
+(signals, logging, service tree) around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+import faust
+from mode import Service
+
+from agents.ingest import Ingestor, IngestStats
+from agents.settings import Settings
+from agents.topics import Topics
+
+
+def broker_credentials(settings: Settings) -> Any:
+    proto = settings.kafka_security_protocol
+    ctx = None
+    if proto.endswith("SSL"):
+        ctx = ssl.create_default_context(cafile=settings.kafka_ssl_cafile or None)
+        if settings.kafka_ssl_certfile:
+            ctx.load_cert_chain(settings.kafka_ssl_certfile, settings.kafka_ssl_keyfile or None)
+    if proto.startswith("SASL"):
+        return faust.SASLCredentials(username=settings.kafka_sasl_username,
+                                     password=settings.kafka_sasl_password.get(),
+                                     mechanism=settings.kafka_sasl_mechanism, ssl_context=ctx)
+    return faust.SSLCredentials(ctx) if ctx is not None else None
+
+
+class IngestService(Service):
+    """Runs an ``Ingestor`` for as long as the Faust worker runs."""
+
+    def __init__(self, ingestor: Ingestor, on_flush: Callable[[IngestStats], None] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.ingestor = ingestor
+        self.on_flush = on_flush
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[IngestStats] | None = None
+
+    async def on_start(self) -> None:
+        self._task = asyncio.ensure_future(self.ingestor.run(self._stop, self.on_flush))
+
+    async def on_stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+
+
+def create_app(settings: Settings, on_flush: Callable[[IngestStats], None] | None = None) -> faust.App:
+    """A Faust app wired to the configured broker, with every flopwatch topic declared as raw bytes."""
+    brokers = ";".join(f"kafka://{b.strip()}" for b in settings.kafka_bootstrap.split(","))
+    app = faust.App(
+        f"{settings.group_id}-app",
+        broker=brokers,
+        broker_credentials=broker_credentials(settings),
+        value_serializer="raw",
+        key_serializer="raw",
+        topic_partitions=settings.partitions,
+        topic_replication_factor=settings.replication,
+        consumer_auto_offset_reset="earliest",
+        store="memory://",
+        autodiscover=False,
+        web_enabled=False,
+    )
+    names = Topics(settings.topic_prefix)
+    app.flopwatch_topics = {  # type: ignore[attr-defined]
+        name: app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw",
+                        partitions=settings.partitions, internal=False)
+        for name in names.all
+    }
+    ingestor = Ingestor(settings)
+
+    class _BoundIngest(IngestService):  # Faust instantiates service classes itself
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(ingestor, on_flush, **kwargs)
+
+    app.service(_BoundIngest)
+    return app
