@@ -13,13 +13,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import orjson
 
 from agents.settings import Settings
 from schemas import ddl
 
 log = logging.getLogger(__name__)
-Columns = dict[str, list[Any]]
+Columns = dict[str, Any]  # column name -> list or numpy array
 
 
 class ClickHouseError(RuntimeError):
@@ -34,6 +35,16 @@ class Backend(Protocol):
     def rows(self, sql: str, params: dict[str, Any] | None = None) -> tuple[list[str], list[tuple[Any, ...]]]: ...
     def insert(self, table: str, columns: Columns, token: str | None = None) -> None: ...
     def close(self) -> None: ...
+
+
+def _plain(col: Any) -> list[Any]:
+    """Python values for clickhouse-driver: NaN (no sample) becomes None."""
+    if isinstance(col, np.ndarray):
+        vals: list[Any] = col.tolist()
+        if col.dtype.kind == "f":
+            return [None if v != v else v for v in vals]
+        return vals
+    return list(col)
 
 
 def _ms_text(ms: int) -> str:
@@ -77,13 +88,18 @@ class ChdbBackend:
     def insert(self, table: str, columns: Columns, token: str | None = None) -> None:
         cols = dict(columns)
         if "ts" in cols:
-            conv = _ns_text if table == "k8s_events" else _ms_text
-            cols["ts"] = [conv(v) for v in cols["ts"]]
+            if isinstance(cols["ts"], np.ndarray):
+                # Seconds with three decimals print exactly (shortest round-trip repr).
+                cols["ts"] = cols["ts"] / 1000.0
+            else:
+                conv = _ns_text if table == "k8s_events" else _ms_text
+                cols["ts"] = [conv(v) for v in cols["ts"]]
         if "written_at" in cols:
             cols["written_at"] = [_ms_text(v) for v in cols["written_at"]]
         names = ", ".join(cols)
         settings = f" SETTINGS insert_deduplication_token = '{token}'" if token else ""
-        payload = orjson.dumps(cols).decode()
+        # NaN in a float array becomes null, which is what a Nullable column wants.
+        payload = orjson.dumps(cols, option=orjson.OPT_SERIALIZE_NUMPY).decode()
         self._query(f"INSERT INTO {self.database}.{ddl.check_identifier(table)} ({names}){settings} "
                     f"FORMAT JSONColumns {payload}")
 
@@ -136,7 +152,7 @@ class NativeBackend:
         return [name for name, _ in types], [tuple(r) for r in data]
 
     def insert(self, table: str, columns: Columns, token: str | None = None) -> None:
-        cols = dict(columns)
+        cols = {k: _plain(v) for k, v in columns.items()}
         if self.layout == "current":
             if "ts" in cols:
                 div = 1e9 if table == "k8s_events" else 1e3

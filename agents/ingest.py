@@ -43,7 +43,7 @@ from agents.topics import Topics, aiokafka_config
 from schemas.catalog import CATALOG
 from schemas.codec import TimeLimits, decode_beacon, decode_k8s_event, decode_samples
 from schemas.records import UTC_CLOCK, Reject, RejectReason
-from streams.align import GridAligner, Recovered
+from streams.align import GridAligner, LateSamples, Recovered
 
 log = logging.getLogger(__name__)
 _SENSOR, _EVENTS, _CLOCK = 0, 1, 2
@@ -108,6 +108,9 @@ class Ingestor:
         self._unheard_since: dict[int, float] = {}
         self._next: dict[TopicPartition, int] = {}
         self._tp_max_ts: dict[TopicPartition, int] = {}  # newest event time read per sensor partition
+        # Records handed to an aligner since its last advance, by (partition, topic index, offset):
+        # a late verdict comes back from advance() and needs the original bytes.
+        self._waiting: dict[int, dict[tuple[int, int], ConsumerRecord[bytes, bytes]]] = {}
         self._progress = Progress(Recovered())
         self._dirty = False
         self._lock = asyncio.Lock()
@@ -138,12 +141,20 @@ class Ingestor:
                 self._aligners.pop(p, None)
                 self._unheard.pop(p, None)
             for tp in revoked:
+                self._waiting.pop(tp.partition, None)
                 self._next.pop(tp, None)
                 self._tp_max_ts.pop(tp, None)
             log.info("revoked partitions %s", sorted({tp.partition for tp in revoked}))
 
     # -- the loop ------------------------------------------------------------------------
-    async def run(self, stop: asyncio.Event, on_flush: Callable[[IngestStats], None] | None = None) -> IngestStats:
+    async def run(self, stop: asyncio.Event, on_flush: Callable[[IngestStats], None] | None = None,
+                  drain: bool = False) -> IngestStats:
+        """Consume until ``stop`` is set, then write what is final and commit.
+
+        ``drain`` also closes every open cell at the end: right for a bounded input
+        that has been read completely (a replay, a benchmark), wrong for a live
+        stream, whose open cells the next worker rebuilds from Kafka instead.
+        """
         s = self.settings
         backend = await self._on_ch(self._backend_factory, s)
         await self._on_ch(ensure_schema, backend)
@@ -180,6 +191,12 @@ class Ingestor:
                     if flushed and on_flush is not None:
                         on_flush(self.stats)
             async with self._lock:
+                if drain:
+                    for p, aligner in self._aligners.items():
+                        adv = aligner.flush_all()
+                        self._store.add_frames(adv.frames)
+                        for late in adv.late:
+                            self._late(p, late)
                 await self._flush_locked()
         finally:
             await consumer.stop()  # leaves the group, so the others rebalance at once
@@ -204,7 +221,7 @@ class Ingestor:
             stats.messages += len(records)
             if kind == _SENSOR:
                 name = CATALOG[si].name
-                replay_end = self._progress.consumed.get((tp.topic, tp.partition), -1)
+                waiting = self._waiting.setdefault(tp.partition, {})
                 tp_max = self._tp_max_ts.get(tp, 0)
                 for rec in records:
                     res = decode_samples(rec.value or b"", name, limits)
@@ -219,15 +236,8 @@ class Ingestor:
                     stats.samples += len(res.ts_ns)
                     if res.ts_ns[-1] > tp_max:
                         tp_max = res.ts_ns[-1]
-                    late = aligner.add(res.node, res.gpu, si, res.ts_ns, res.value, res.labels, si, rec.offset)
-                    if late:
-                        if rec.offset < replay_end:
-                            stats.replayed_dropped += len(late)  # already in a written frame
-                        else:
-                            dlq.send(Reject(RejectReason.LATE, f"{len(late)} of {len(res.ts_ns)} samples fall in "
-                                            "grid cells already written"), rec.value, rec.key, tp.topic,
-                                     tp.partition, rec.offset, rec.headers,
-                                     indices=late if len(res.ts_ns) > 1 else None)
+                    aligner.add(res.node, res.gpu, si, res.ts_ns, res.value, res.labels, si, rec.offset)
+                    waiting[(si, rec.offset)] = rec
                 self._tp_max_ts[tp] = tp_max
             elif kind == _EVENTS:
                 done = self._progress.events_done.get((tp.topic, tp.partition), -1)
@@ -302,9 +312,24 @@ class Ingestor:
         for p, aligner in self._aligners.items():
             if p in self._unheard:
                 continue
-            frames = aligner.advance(now, hold.get(p))
-            if frames:
-                self._store.add_frames(frames)
+            adv = aligner.advance(now, hold.get(p))
+            self._store.add_frames(adv.frames)
+            for late in adv.late:
+                self._late(p, late)
+            self._waiting.pop(p, None)
+
+    def _late(self, partition: int, late: LateSamples) -> None:
+        assert self._dlq is not None and isinstance(late.source, int)
+        si = late.source
+        rec = self._waiting[partition][(si, late.position)]
+        topic = self.topics.sensor(si)
+        if late.position < self._progress.consumed.get((topic, partition), -1):
+            self.stats.replayed_dropped += len(late.indices)  # already in a written frame
+            return
+        self._dlq.send(Reject(RejectReason.LATE, f"{len(late.indices)} of {late.total} samples fall in grid cells "
+                              "already written"), rec.value, rec.key, topic, partition, late.position, rec.headers,
+                       indices=late.indices if late.total > 1 else None)
+        self.stats.rejects = self._dlq.counts
 
     async def _flush_locked(self) -> None:
         store, dlq, consumer = self._store, self._dlq, self._consumer

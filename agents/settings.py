@@ -7,6 +7,7 @@ over the file. Secrets are ``Secret`` objects whose repr never shows the value.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 import typing
@@ -41,6 +42,12 @@ class Secret:
         return "Secret('****')" if self._value else "Secret('')"
 
     __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
 
 
 class SettingsError(ValueError):
@@ -149,9 +156,16 @@ def _convert(name: str, hint: Any, raw: Any) -> Any:
                 raise ValueError(raw)
             return low in {"1", "true", "yes", "on"}
         if hint is int:
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError(raw)  # a TOML true or 2.9 is a mistake, not a 1 or a 2
             return int(raw)
         if hint is float:
-            return float(raw)
+            if isinstance(raw, bool):
+                raise ValueError(raw)
+            val = float(raw)
+            if not math.isfinite(val):
+                raise ValueError(raw)
+            return val
     except (TypeError, ValueError):
         raise SettingsError(f"{name}={raw!r}: expected {hint.__name__}") from None
     return str(raw)
@@ -185,8 +199,18 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path 
         raise SettingsError(f"unknown setting(s): {', '.join(sorted(unknown))}")
     converted = {k: _convert(k, hints[k], v) for k, v in values.items()}
     settings = Settings(**converted)
-    settings.align_params()  # validates the grid and lateness now, not at first use
+    try:
+        settings.align_params()  # validates the grid and lateness now, not at first use
+    except (ValueError, OverflowError) as exc:
+        raise SettingsError(f"grid/lateness settings: {exc}") from None
+    for name in _POSITIVE:
+        if getattr(settings, name) <= 0:
+            raise SettingsError(f"{name}={getattr(settings, name)!r}: must be > 0")
     return settings
+
+
+_POSITIVE = ("partitions", "replication", "flush_interval_ms", "flush_rows", "max_poll_records", "grid_ms",
+             "idle_series_s", "idle_flush_s", "max_age_s", "max_future_s", "clickhouse_port")
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from agents.clickhouse import Backend, Columns
 from schemas import ddl
 from schemas.catalog import CATALOG, LABEL_COLUMNS
 from schemas.records import K8sEvent
-from streams.align import Frame, Recovered
+from streams.align import FrameBatch, Recovered
 
 TopicPartition = tuple[str, int]
 _COUNTERS = [(s.index, s.name, s.column("last")) for s in CATALOG if s.kind == "counter"]
@@ -30,32 +31,34 @@ class FrameStore:
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
-        self._frames: Columns = {c: [] for c in ddl.FRAME_COLUMNS}
+        self._batches: list[FrameBatch] = []
+        self._frame_rows = 0
         self._events: Columns = {c: [] for c in ddl.EVENT_COLUMNS}
         self.frames_written = 0
         self.events_written = 0
 
     @property
     def pending_rows(self) -> int:
-        return len(self._frames["ts"]) + len(self._events["ts"])
+        return self._frame_rows + len(self._events["ts"])
 
-    def add_frames(self, frames: Iterable[Frame]) -> None:
-        cols = self._frames
-        ts, node, gpu = cols["ts"], cols["node"], cols["gpu"]
-        label_cols = [(key, cols[col], key in ddl.INT_LABEL_COLS) for key, col in LABEL_COLUMNS.items()]
-        value_cols = [cols[c] for c in ddl.VALUE_COLS]
-        count_cols = [cols[c] for c in ddl.COUNT_COLS]
-        for f in frames:
-            ts.append(f.tick_ns // 1_000_000)
-            node.append(f.node)
-            gpu.append(f.gpu)
-            labels = f.labels
-            for key, col, is_int in label_cols:
-                col.append(labels.get(key, None if is_int else ""))
-            for col, v in zip(value_cols, f.values, strict=True):
-                col.append(v)
-            for col, n in zip(count_cols, f.counts, strict=True):
-                col.append(n)
+    def add_frames(self, batch: FrameBatch) -> None:
+        if len(batch):
+            self._batches.append(batch)
+            self._frame_rows += len(batch)
+
+    def _frame_columns(self) -> Columns:
+        batches, self._batches, self._frame_rows = self._batches, [], 0
+        cols: Columns = {"ts": np.concatenate([b.tick_ns for b in batches]) // 1_000_000,
+                         "node": [n for b in batches for n in b.node], "gpu": [g for b in batches for g in b.gpu]}
+        labels = [lab for b in batches for lab in b.labels]
+        for key, col in LABEL_COLUMNS.items():
+            default = None if col in ddl.INT_LABEL_COLS else ""
+            cols[col] = [lab.get(key, default) for lab in labels]
+        for c in ddl.VALUE_COLS:
+            cols[c] = np.concatenate([b.values[c] for b in batches])
+        for c in ddl.COUNT_COLS:
+            cols[c] = np.concatenate([b.counts[c] for b in batches])
+        return cols
 
     def add_event(self, ev: K8sEvent, topic: str, partition: int, offset: int) -> None:
         row = (ev.ts_ns, ev.node, ev.type, ev.reason, ev.kind, ev.namespace, ev.pod, ev.workload, list(ev.gpus),
@@ -78,12 +81,12 @@ class FrameStore:
                 "topic": [t for t, _ in tps], "partition": [p for _, p in tps],
                 "offset": [consumed[tp] for tp in tps], "written_at": [now_ms] * len(tps)})
         token = uuid.uuid4().hex  # one token per batch, reused by the backend's retries
-        if self._frames["ts"]:
-            self.backend.insert("gpu_frames", self._frames, token=token)
-            n = len(self._frames["ts"])
+        if self._batches:
+            frames = self._frame_columns()
+            self.backend.insert("gpu_frames", frames, token=token)
+            n = len(frames["node"])
             self.frames_written += n
             written += n
-            self._frames = {c: [] for c in ddl.FRAME_COLUMNS}
         if self._events["ts"]:
             self.backend.insert("k8s_events", self._events, token=token + "e")
             n = len(self._events["ts"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
@@ -58,8 +59,8 @@ class SampleBatch:
     sensor: str
     node: str
     gpu: str
-    ts_ns: list[int]
-    value: list[float]
+    ts_ns: Sequence[int]  # decoded batches hold array('q') / array('d'): compact, and numpy reads them as is
+    value: Sequence[float]
     clock: str = UTC_CLOCK
     labels: Labels | None = None
 

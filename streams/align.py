@@ -17,29 +17,37 @@ Every sample carries its source position (an opaque source id and an offset).
 ``oldest_positions()`` tells, per source, the oldest position still held by an
 open cell: the ingest commits no further than that, so a crash replays exactly
 the samples of the cells it lost.
+
+Why arrays: ``add`` only appends a message's samples to flat lists, and
+``advance`` handles everything added since the last call in a few numpy passes
+(tick, lateness, per-cell aggregates, the pivot into frames). Per-sample Python
+work would cost ten times the JSON decode; this keeps alignment well below it.
+Open cells keep their raw samples, so aggregates never depend on arrival order.
 """
 
 from __future__ import annotations
 
 import copy
-from bisect import bisect_left
-from collections.abc import Hashable, Iterable, Mapping
+from array import array
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import islice
-from operator import le
 from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
 
 from schemas.catalog import CATALOG, value_columns
 from schemas.records import Labels
 
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
 _NO_TS: Final = -(2**62)
-_GAUGE: Final = 0
-_COUNTER: Final = 1
-_EVENT: Final = 2
-_KIND_CODE: Final = {"gauge": _GAUGE, "counter": _COUNTER, "event": _EVENT}
-_KINDS: Final = tuple(_KIND_CODE[s.kind] for s in CATALOG)
 N_SENSORS: Final = len(CATALOG)
 VALUE_COLUMNS: Final = tuple(col for _, _, col in value_columns())
+COUNT_COLUMNS: Final = tuple(s.count_column for s in CATALOG)
+_GAUGE: Final = np.array([s.kind == "gauge" for s in CATALOG])
+_COUNTER: Final = np.array([s.kind == "counter" for s in CATALOG])
+_EVENT: Final = np.array([s.kind == "event" for s in CATALOG])
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +75,7 @@ class AlignParams:
 
 @dataclass(slots=True)
 class Frame:
-    """One aligned row of ``gpu_frames``; ``values`` follows ``VALUE_COLUMNS``."""
+    """One aligned row of ``gpu_frames``; ``values`` follows ``VALUE_COLUMNS``, ``counts`` the catalog."""
 
     node: str
     gpu: str
@@ -75,6 +83,46 @@ class Frame:
     values: list[float | None]
     counts: list[int]
     labels: Labels
+
+
+@dataclass(slots=True)
+class FrameBatch:
+    """Frames as columns (NaN where a cell had no sample), sorted by node, gpu, tick."""
+
+    tick_ns: I64
+    node: list[str]
+    gpu: list[str]
+    labels: list[Labels]
+    values: dict[str, F64]
+    counts: dict[str, I64]
+
+    def __len__(self) -> int:
+        return len(self.node)
+
+    def frames(self) -> list[Frame]:
+        vals = [self.values[c].tolist() for c in VALUE_COLUMNS]
+        cnts = [self.counts[c].tolist() for c in COUNT_COLUMNS]
+        out = []
+        for i, tick in enumerate(self.tick_ns.tolist()):
+            row: list[float | None] = [None if v[i] != v[i] else v[i] for v in vals]
+            out.append(Frame(self.node[i], self.gpu[i], tick, row, [c[i] for c in cnts], self.labels[i]))
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class LateSamples:
+    """Samples of one ``add`` call that fell in cells already written."""
+
+    source: Hashable
+    position: int
+    indices: list[int]  # into that call's ts_ns / values
+    total: int  # samples in that call
+
+
+@dataclass(frozen=True, slots=True)
+class Advance:
+    frames: FrameBatch
+    late: list[LateSamples]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,29 +137,22 @@ class Recovered:
     counters: Mapping[tuple[str, str, int], float] = field(default_factory=dict)
 
 
-# A gauge accumulator is [n, sum, max, last_ts, last_value]; counters and events keep
-# their (ts, value) pairs because their aggregate depends on event-time order.
-_Acc = list[Any]
+def _empty_i64() -> I64:
+    return np.empty(0, np.int64)
 
-@dataclass(slots=True)
-class _NodeState:
-    closed_until: int  # ticks below this index are final
-    series_max: dict[str, list[int]] = field(default_factory=dict)  # gpu -> newest ts per sensor
-    ticks: dict[int, dict[str, list[_Acc | None]]] = field(default_factory=dict)
-    pins: dict[int, dict[Hashable, int]] = field(default_factory=dict)  # tick -> source -> oldest offset
-    labels: dict[str, Labels] = field(default_factory=dict)
-    counter_prev: dict[tuple[str, int], float] = field(default_factory=dict)
-    touched: bool = True
-    last_input_ns: int | None = None
+
+def _empty_f64() -> F64:
+    return np.empty(0, np.float64)
 
 
 @dataclass(slots=True)
 class AlignerState:
-    """Picklable snapshot of a ``GridAligner``."""
+    """Picklable snapshot of a ``GridAligner`` (everything but the pending, unprocessed input)."""
 
     params: AlignParams
-    nodes: dict[str, _NodeState]
     recovered: Recovered
+    registry: dict[str, Any]
+    open_rows: dict[str, npt.NDArray[Any]]
 
 
 class GridAligner:
@@ -119,236 +160,352 @@ class GridAligner:
 
     >>> a = GridAligner(AlignParams(allowed_lateness_ns=0))
     >>> a.add("n1", "0", 4, [100, 600_000_000], [300.0, 310.0])
-    []
     >>> a.add("n1", "0", 4, [1_200_000_000], [320.0])
-    []
-    >>> [(f.tick_ns, f.values[VALUE_COLUMNS.index("power")]) for f in a.advance(now_ns=0)]
+    >>> [(f.tick_ns, f.values[VALUE_COLUMNS.index("power")]) for f in a.advance(now_ns=0).frames.frames()]
     [(0, 305.0)]
     """
 
     def __init__(self, params: AlignParams, recovered: Recovered | None = None) -> None:
         self.params = params
         self._grid = params.grid_ns
-        self._nodes: dict[str, _NodeState] = {}
         self._recovered = recovered or Recovered()
+        # Registries: names to dense ids, so per-sample data is integers in arrays.
+        self._nodes: dict[str, int] = {}
+        self._node_names: list[str] = []
+        self._node_closed: list[int] = []  # ticks below this are final, per node
+        self._node_touched: list[bool] = []
+        self._node_last_input: list[int | None] = []
+        self._pairs: dict[tuple[str, str], int] = {}
+        self._pair_names: list[tuple[str, str]] = []
+        self._series: dict[tuple[int, str, int], int] = {}  # (node id, gpu, sensor) -> series id
+        self._s_node: list[int] = []
+        self._s_pair: list[int] = []
+        self._s_sensor: list[int] = []
+        self._series_max: I64 = _empty_i64()
+        self._labels: dict[int, Labels] = {}
+        self._counter_prev: dict[int, float] = {}
+        self._sources: dict[Hashable, int] = {}
+        self._source_keys: list[Hashable] = []
+        # Input since the last advance: flat samples plus one entry per add call.
+        self._p_ts = array("q")
+        self._p_v = array("d")
+        self._p_sid: list[int] = []
+        self._p_len: list[int] = []
+        self._p_src: list[int] = []
+        self._p_pos: list[int] = []
+        self._late_store: list[LateSamples] = []  # late samples found outside advance()
+        # Samples of open cells.
+        self._o_sid: I64 = _empty_i64()
+        self._o_tick: I64 = _empty_i64()
+        self._o_ts: I64 = _empty_i64()
+        self._o_v: F64 = _empty_f64()
+        self._o_src: I64 = _empty_i64()
+        self._o_pos: I64 = _empty_i64()
 
     # -- input ---------------------------------------------------------------------------
-    def _node(self, node: str) -> _NodeState:
-        state = self._nodes.get(node)
-        if state is None:
+    def _node_id(self, node: str) -> int:
+        nid = self._nodes.get(node)
+        if nid is None:
+            nid = self._nodes[node] = len(self._node_names)
+            self._node_names.append(node)
             boundary = self._recovered.boundaries.get(node)
-            closed = _NO_TS if boundary is None else boundary // self._grid + 1
-            state = _NodeState(closed_until=closed)
-            for (n, gpu, si), val in self._recovered.counters.items():
-                if n == node:
-                    state.counter_prev[(gpu, si)] = val
-            self._nodes[node] = state
-        return state
+            self._node_closed.append(_NO_TS if boundary is None else boundary // self._grid + 1)
+            self._node_touched.append(True)
+            self._node_last_input.append(None)
+        return nid
 
-    def add(self, node: str, gpu: str, sensor_index: int, ts_ns: list[int], values: list[float],
-            labels: Labels | None = None, source: Hashable = None, position: int = 0) -> list[int]:
-        """Add one series' samples; returns the indices of samples whose cell is already final."""
-        st = self._node(node)
-        st.touched = True
+    def _series_id(self, nid: int, node: str, gpu: str, sensor_index: int) -> int:
+        sid = self._series.get((nid, gpu, sensor_index))
+        if sid is None:
+            sid = self._series[(nid, gpu, sensor_index)] = len(self._s_node)
+            pid = self._pairs.get((node, gpu))
+            if pid is None:
+                pid = self._pairs[(node, gpu)] = len(self._pair_names)
+                self._pair_names.append((node, gpu))
+            self._s_node.append(nid)
+            self._s_pair.append(pid)
+            self._s_sensor.append(sensor_index)
+            prev = self._recovered.counters.get((node, gpu, sensor_index))
+            if prev is not None:
+                self._counter_prev[sid] = prev
+        return sid
+
+    def add(self, node: str, gpu: str, sensor_index: int, ts_ns: Sequence[int], values: Sequence[float],
+            labels: Labels | None = None, source: Hashable = None, position: int = 0) -> None:
+        """Queue one series' samples; ``advance`` places them (or reports them late)."""
+        nid = self._nodes.get(node)
+        if nid is None:
+            nid = self._node_id(node)
+        self._node_touched[nid] = True
+        sid = self._series.get((nid, gpu, sensor_index))
+        if sid is None:
+            sid = self._series_id(nid, node, gpu, sensor_index)
         if labels is not None:
-            st.labels[gpu] = labels
-        n = len(ts_ns)
-        order: list[int] | None = None
-        if n > 1 and not all(map(le, ts_ns, islice(ts_ns, 1, None))):
-            # Out-of-order within a message is legal but rare: sort once, report original indices.
-            order = sorted(range(n), key=ts_ns.__getitem__)
-            ts_ns = [ts_ns[k] for k in order]
-            values = [values[k] for k in order]
-        grid = self._grid
-        closed = st.closed_until
-        ticks = st.ticks
-        pins = st.pins
-        gauge = _KINDS[sensor_index] == _GAUGE
-        late: list[int] = []
-        # Samples come sorted, so each grid cell is one contiguous run: aggregate runs
-        # with C-level sum/max instead of touching samples one by one in Python.
-        i = 0
-        while i < n:
-            tick = ts_ns[i] // grid
-            j = bisect_left(ts_ns, (tick + 1) * grid, i + 1, n) if n - i > 1 else n
-            if tick < closed:
-                late.extend(range(i, j))
-                i = j
-                continue
-            gpus = ticks.get(tick)
-            if gpus is None:
-                gpus = ticks[tick] = {}
-                pins[tick] = {source: position}
-            else:
-                p = pins[tick]
-                if position < p.get(source, position + 1):
-                    p[source] = position
-            cell = gpus.get(gpu)
-            if cell is None:
-                cell = gpus[gpu] = [None] * N_SENSORS
-            acc = cell[sensor_index]
-            if gauge:
-                if acc is None:
-                    acc = cell[sensor_index] = [0, 0.0, float("-inf"), _NO_TS, 0.0]
-                if j - i == 1:
-                    v = values[i]
-                    acc[0] += 1
-                    acc[1] += v
-                    if v > acc[2]:
-                        acc[2] = v
-                else:
-                    run = values[i:j]
-                    acc[0] += j - i
-                    acc[1] += sum(run)
-                    m = max(run)
-                    if m > acc[2]:
-                        acc[2] = m
-                t = ts_ns[j - 1]
-                v = values[j - 1]
-                if j - i > 1 and ts_ns[j - 2] == t:  # ties on the last instant: the largest value wins
-                    v = max(values[bisect_left(ts_ns, t, i, j):j])
-                if t > acc[3] or (t == acc[3] and v > acc[4]):
-                    acc[3] = t
-                    acc[4] = v
-            else:
-                if acc is None:
-                    acc = cell[sensor_index] = [0, []]
-                acc[0] += j - i
-                acc[1].extend(zip(ts_ns[i:j], values[i:j], strict=True))
-            i = j
-        newest = ts_ns[-1] if len(late) < n else _NO_TS
-        if order is not None:
-            late = sorted(order[k] for k in late)
-        series = st.series_max.get(gpu)
-        if series is None:
-            series = st.series_max[gpu] = [_NO_TS] * N_SENSORS
-        if newest > series[sensor_index]:
-            series[sensor_index] = newest
-        return late
+            self._labels[self._s_pair[sid]] = labels
+        src = self._sources.get(source)
+        if src is None:
+            src = self._sources[source] = len(self._source_keys)
+            self._source_keys.append(source)
+        self._p_ts.extend(ts_ns)
+        self._p_v.extend(values)
+        self._p_sid.append(sid)
+        self._p_len.append(len(ts_ns))
+        self._p_src.append(src)
+        self._p_pos.append(position)
+
+    def _take_pending(self) -> list[LateSamples]:
+        if not self._p_len:
+            return []
+        lens = np.array(self._p_len, np.int64)
+        ts = np.frombuffer(self._p_ts, np.int64)
+        v = np.frombuffer(self._p_v, np.float64)
+        sid = np.repeat(np.array(self._p_sid, np.int64), lens)
+        src = np.repeat(np.array(self._p_src, np.int64), lens)
+        pos = np.repeat(np.array(self._p_pos, np.int64), lens)
+        msg_src, msg_pos = self._p_src, self._p_pos
+        self._p_ts, self._p_v = array("q"), array("d")
+        self._p_sid, self._p_len, self._p_src, self._p_pos = [], [], [], []
+        if len(self._series_max) < len(self._s_node):
+            grown = np.full(len(self._s_node), _NO_TS, np.int64)
+            grown[: len(self._series_max)] = self._series_max
+            self._series_max = grown
+        tick = ts // self._grid
+        closed = np.array(self._node_closed, np.int64)[np.array(self._s_node, np.int64)[sid]]
+        late = tick < closed
+        out: list[LateSamples] = []
+        if late.any():
+            starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
+            idx = np.flatnonzero(late)
+            msg = np.searchsorted(starts, idx, side="right") - 1
+            for m in np.unique(msg).tolist():
+                rel = (idx[msg == m] - starts[m]).tolist()
+                out.append(LateSamples(self._source_keys[msg_src[m]], msg_pos[m], rel, int(lens[m])))
+            keep = ~late
+            ts, v, sid, src, pos, tick = ts[keep], v[keep], sid[keep], src[keep], pos[keep], tick[keep]
+        np.maximum.at(self._series_max, sid, ts)
+        self._o_sid = np.concatenate((self._o_sid, sid))
+        self._o_tick = np.concatenate((self._o_tick, tick))
+        self._o_ts = np.concatenate((self._o_ts, ts))
+        self._o_v = np.concatenate((self._o_v, v))
+        self._o_src = np.concatenate((self._o_src, src))
+        self._o_pos = np.concatenate((self._o_pos, pos))
+        return out
 
     # -- output --------------------------------------------------------------------------
     def watermark(self, node: str) -> int | None:
         """Event time up to which the node's cells are final (None before any input)."""
-        st = self._nodes.get(node)
-        if st is None:
-            return None
-        return self._watermark(st)
+        self._take_pending_keep_late()
+        nid = self._nodes.get(node)
+        return None if nid is None else self._watermarks().get(nid)
 
-    def _watermark(self, st: _NodeState) -> int | None:
-        newest = _NO_TS
-        for series in st.series_max.values():
-            m = max(series)
-            if m > newest:
-                newest = m
-        if newest == _NO_TS:
-            return None
-        live_from = newest - self.params.idle_series_ns
-        low = newest
-        for series in st.series_max.values():
-            for m in series:
-                if live_from <= m < low:
-                    low = m
-        return low - self.params.allowed_lateness_ns
+    def _take_pending_keep_late(self) -> None:
+        self._late_store.extend(self._take_pending())
 
-    def advance(self, now_ns: int, source_hold_ns: int | None = None) -> list[Frame]:
-        """Close every cell the watermarks have passed; ``now_ns`` is processing time.
+    def _watermarks(self) -> dict[int, int]:
+        """Per node id: min over live series of the newest event time, minus the lateness."""
+        if not len(self._series_max):
+            return {}
+        s_node = np.array(self._s_node, np.int64)
+        seen = self._series_max > _NO_TS
+        nodes = len(self._node_names)
+        newest = np.full(nodes, _NO_TS, np.int64)
+        np.maximum.at(newest, s_node[seen], self._series_max[seen])
+        live = seen & (self._series_max >= newest[s_node] - self.params.idle_series_ns)
+        low = np.full(nodes, np.iinfo(np.int64).max, np.int64)
+        np.minimum.at(low, s_node[live], self._series_max[live])
+        return {n: int(low[n]) - self.params.allowed_lateness_ns for n in range(nodes) if newest[n] > _NO_TS}
 
-        ``source_hold_ns`` is the event time the slowest unfinished input source has
-        reached (the per-partition watermark of a Kafka consumer): a series that first
-        appears there later must still find its cells open, so nothing closes past it
-        (minus the lateness), and a node does not count as idle while it is set.
+    def advance(self, now_ns: int, source_hold_ns: int | None = None) -> Advance:
+        """Place the queued samples and close every cell the watermarks have passed.
+
+        ``now_ns`` is processing time. ``source_hold_ns`` is the event time the slowest
+        unfinished input source has reached (the per-partition watermark of a Kafka
+        consumer): a series that first appears there later must still find its cells
+        open, so nothing closes past it (minus the lateness), and a node does not count
+        as idle while it is set.
         """
-        out: list[Frame] = []
-        for node, st in self._nodes.items():
-            if st.touched:
-                st.touched = False
-                st.last_input_ns = now_ns
-            if not st.ticks:
+        late = self._late_store + self._take_pending()
+        self._late_store = []
+        for nid, touched in enumerate(self._node_touched):
+            if touched:
+                self._node_touched[nid] = False
+                self._node_last_input[nid] = now_ns
+        if not len(self._o_sid):
+            return Advance(self._empty_batch(), late)
+        nodes = len(self._node_names)
+        row_node = np.array(self._s_node, np.int64)[self._o_sid]
+        newest_tick = np.full(nodes, _NO_TS, np.int64)
+        np.maximum.at(newest_tick, row_node, self._o_tick)
+        wms = self._watermarks()
+        close = np.array(self._node_closed, np.int64)
+        for nid in range(nodes):
+            if newest_tick[nid] == _NO_TS:
                 continue
-            wm = self._watermark(st)
+            c = int(close[nid])
+            wm = wms.get(nid)
             if wm is not None and source_hold_ns is not None:
                 wm = min(wm, source_hold_ns - self.params.allowed_lateness_ns)
-            close = st.closed_until if wm is None else max(st.closed_until, wm // self._grid)
-            newest_tick = max(st.ticks)
-            idle = (source_hold_ns is None and st.last_input_ns is not None
-                    and now_ns - st.last_input_ns >= self.params.idle_flush_ns)
-            if idle:
-                close = newest_tick + 1
+            if wm is not None:
+                c = max(c, wm // self._grid)
+            last_input = self._node_last_input[nid]
+            if (source_hold_ns is None and last_input is not None
+                    and now_ns - last_input >= self.params.idle_flush_ns):
+                c = int(newest_tick[nid]) + 1
             # Bounded memory: a node cannot hold more open ticks than the cap, whatever its input.
-            close = max(close, newest_tick + 1 - self.params.max_open_ticks)
-            if close > st.closed_until:
-                self._close(node, st, close, out)
-        return out
+            c = max(c, int(newest_tick[nid]) + 1 - self.params.max_open_ticks)
+            close[nid] = c
+        return Advance(self._close(close, row_node), late)
 
-    def flush_all(self) -> list[Frame]:
+    def flush_all(self) -> Advance:
         """Close every open cell (shutdown of a run whose input has ended)."""
-        out: list[Frame] = []
-        for node, st in self._nodes.items():
-            if st.ticks:
-                self._close(node, st, max(st.ticks) + 1, out)
-        return out
+        late = self._late_store + self._take_pending()
+        self._late_store = []
+        if not len(self._o_sid):
+            return Advance(self._empty_batch(), late)
+        row_node = np.array(self._s_node, np.int64)[self._o_sid]
+        close = np.array(self._node_closed, np.int64)
+        newest_tick = np.full(len(close), _NO_TS, np.int64)
+        np.maximum.at(newest_tick, row_node, self._o_tick)
+        close = np.maximum(close, newest_tick + 1)
+        return Advance(self._close(close, row_node), late)
 
-    def _close(self, node: str, st: _NodeState, close: int, out: list[Frame]) -> None:
-        st.closed_until = close
-        grid = self._grid
-        for tick in sorted(t for t in st.ticks if t < close):
-            gpus = st.ticks.pop(tick)
-            st.pins.pop(tick, None)
-            for gpu in sorted(gpus):
-                out.append(self._frame(node, gpu, tick * grid, gpus[gpu], st))
+    def _close(self, close: I64, row_node: I64) -> FrameBatch:
+        self._node_closed = [max(a, b) for a, b in zip(self._node_closed, close.tolist(), strict=True)]
+        done = self._o_tick < close[row_node]
+        if not done.any():
+            return self._empty_batch()
+        keep = ~done
+        sid, tick, ts, v = self._o_sid[done], self._o_tick[done], self._o_ts[done], self._o_v[done]
+        self._o_sid, self._o_tick, self._o_ts = self._o_sid[keep], self._o_tick[keep], self._o_ts[keep]
+        self._o_v, self._o_src, self._o_pos = self._o_v[keep], self._o_src[keep], self._o_pos[keep]
+        return self._aggregate(sid, tick, ts, v)
 
-    def _frame(self, node: str, gpu: str, tick_ns: int, cell: list[_Acc | None], st: _NodeState) -> Frame:
-        values: list[float | None] = []
-        counts: list[int] = []
-        for si, spec in enumerate(CATALOG):
-            acc = cell[si]
-            if acc is None:
-                counts.append(0)
-                values.extend([None] * len(spec.aggs))
+    def _empty_batch(self) -> FrameBatch:
+        return FrameBatch(_empty_i64(), [], [], [], {c: _empty_f64() for c in VALUE_COLUMNS},
+                          {c: _empty_i64() for c in COUNT_COLUMNS})
+
+    def _aggregate(self, sid: I64, tick: I64, ts: I64, v: F64) -> FrameBatch:
+        # Sort by series, then time, then value (ties on an instant: the largest value is last).
+        # Each series usually arrives in time order, so a stable sort on the series id alone
+        # (a radix sort for small ids) is enough; check, and sort fully only if not.
+        key = sid.astype(np.uint16) if len(self._s_node) < 2**16 else sid
+        order = np.argsort(key, kind="stable")
+        sid, tick, ts, v = sid[order], tick[order], ts[order], v[order]
+        same = sid[1:] == sid[:-1]
+        if (same & (ts[1:] <= ts[:-1])).any():
+            order = np.lexsort((v, ts, sid))
+            sid, tick, ts, v = sid[order], tick[order], ts[order], v[order]
+        n = len(sid)
+        new_series = np.empty(n, bool)
+        new_series[0] = True
+        new_series[1:] = sid[1:] != sid[:-1]
+        new_cell = new_series.copy()
+        new_cell[1:] |= tick[1:] != tick[:-1]
+        starts = np.flatnonzero(new_cell)
+        ends = np.append(starts[1:], n) - 1
+        g_sid = sid[starts]
+        g_sensor = np.array(self._s_sensor, np.int64)[g_sid]
+        count = np.diff(np.append(starts, n))
+        total = np.add.reduceat(v, starts)
+        top = np.maximum.reduceat(v, starts)
+        last = v[ends]
+        # Counters: increase over consecutive samples; a drop means the counter restarted.
+        prev = np.empty(n)
+        prev[1:] = v[:-1]
+        prev[0] = np.nan
+        first_rows = np.flatnonzero(new_series)
+        counter_row = _COUNTER[np.array(self._s_sensor, np.int64)[sid]]
+        for r in first_rows[counter_row[first_rows]].tolist():
+            prev[r] = self._counter_prev.get(int(sid[r]), np.nan)
+        step = np.where(v >= prev, v - prev, v)
+        step[np.isnan(prev)] = 0.0
+        increase = np.add.reduceat(step, starts)
+        series_ends = np.append(first_rows[1:], n) - 1
+        for r in series_ends[counter_row[series_ends]].tolist():
+            self._counter_prev[int(sid[r])] = float(v[r])
+        # Events: the last non-zero code and how many fired.
+        fired = v != 0
+        fired_count = np.add.reduceat(fired.astype(np.int64), starts)
+        last_fired_row = np.maximum.reduceat(np.where(fired, np.arange(n), -1), starts)
+        last_code = np.where(last_fired_row >= 0, v[np.maximum(last_fired_row, 0)], 0.0)
+
+        # Pivot cells into frames: one row per (node, gpu, tick).
+        g_pair = np.array(self._s_pair, np.int64)[g_sid]
+        g_tick = tick[starts]
+        base = int(g_tick.min())
+        span = int(g_tick.max()) - base + 1
+        uniq, inverse = np.unique(g_pair * span + (g_tick - base), return_inverse=True)
+        inverse = inverse.reshape(-1)
+        f_pair, f_tick = uniq // span, uniq % span + base
+        nf = len(f_pair)
+        values: dict[str, F64] = {c: np.full(nf, np.nan) for c in VALUE_COLUMNS}
+        counts: dict[str, I64] = {c: np.zeros(nf, np.int64) for c in COUNT_COLUMNS}
+        by_agg = {"mean": total / count, "max": top, "last": last, "increase": increase,
+                  "last_nonzero": last_code, "count": fired_count.astype(np.float64)}
+        for s in CATALOG:
+            mask = g_sensor == s.index
+            if not mask.any():
                 continue
-            counts.append(acc[0])
-            kind = _KINDS[si]
-            if kind == _GAUGE:
-                for agg in spec.aggs:
-                    values.append(acc[1] / acc[0] if agg == "mean" else acc[2] if agg == "max" else acc[4])
-                continue
-            pairs = sorted(acc[1])
-            if kind == _COUNTER:
-                prev = st.counter_prev.get((gpu, si))
-                inc = 0.0
-                for _, v in pairs:
-                    if prev is not None:
-                        inc += v - prev if v >= prev else v  # a drop means the counter restarted at 0
-                    prev = v
-                st.counter_prev[(gpu, si)] = pairs[-1][1]
-                values.extend((inc, pairs[-1][1]))
-            else:
-                fired = [v for _, v in pairs if v != 0]
-                values.extend((fired[-1] if fired else 0.0, float(len(fired))))
-        return Frame(node, gpu, tick_ns, values, counts, st.labels.get(gpu, {}))
+            rows = inverse[mask]
+            counts[s.count_column][rows] = count[mask]
+            for agg in s.aggs:
+                src = last if (agg == "last" and s.kind == "counter") else by_agg[agg]
+                values[s.column(agg)][rows] = src[mask]
+        names = self._pair_names
+        pairs = f_pair.tolist()
+        return FrameBatch(
+            tick_ns=f_tick * self._grid,
+            node=[names[p][0] for p in pairs],
+            gpu=[names[p][1] for p in pairs],
+            labels=[self._labels.get(p, {}) for p in pairs],
+            values=values,
+            counts=counts,
+        )
 
     # -- bookkeeping ---------------------------------------------------------------------
     def oldest_positions(self) -> dict[Hashable, int]:
-        """Per source, the oldest position an open cell still depends on."""
+        """Per source, the oldest position an open cell (or unplaced input) still depends on."""
         out: dict[Hashable, int] = {}
-        for st in self._nodes.values():
-            for per_source in st.pins.values():
-                for src, pos in per_source.items():
-                    if pos < out.get(src, pos + 1):
-                        out[src] = pos
+        if len(self._o_src):
+            low = np.full(len(self._source_keys), np.iinfo(np.int64).max, np.int64)
+            np.minimum.at(low, self._o_src, self._o_pos)
+            for i, pos in enumerate(low.tolist()):
+                if pos != np.iinfo(np.int64).max:
+                    out[self._source_keys[i]] = pos
+        for src, pos in zip(self._p_src, self._p_pos, strict=True):
+            key = self._source_keys[src]
+            if pos < out.get(key, pos + 1):
+                out[key] = pos
         return out
 
     def open_cells(self) -> int:
-        return sum(len(g) for st in self._nodes.values() for g in st.ticks.values())
+        if not len(self._o_sid):
+            return 0
+        pairs = np.array(self._s_pair, np.int64)[self._o_sid]
+        base = int(self._o_tick.min())
+        span = int(self._o_tick.max()) - base + 1
+        return len(np.unique(pairs * span + (self._o_tick - base)))
 
     def nodes(self) -> Iterable[str]:
-        return self._nodes.keys()
+        return list(self._node_names)
 
     def snapshot(self) -> AlignerState:
-        return AlignerState(self.params, copy.deepcopy(self._nodes), self._recovered)
+        self._take_pending_keep_late()
+        registry = {k: copy.deepcopy(getattr(self, k)) for k in _REGISTRY}
+        rows = {k: getattr(self, k).copy() for k in _ROWS}
+        return AlignerState(self.params, self._recovered, registry, rows)
 
     @classmethod
     def restore(cls, state: AlignerState) -> GridAligner:
         aligner = cls(state.params, state.recovered)
-        aligner._nodes = copy.deepcopy(state.nodes)
+        for k, val in state.registry.items():
+            setattr(aligner, k, copy.deepcopy(val))
+        for k, arr in state.open_rows.items():
+            setattr(aligner, k, arr.copy())
         return aligner
+
+
+_REGISTRY: Final = ("_late_store", "_nodes", "_node_names", "_node_closed", "_node_touched", "_node_last_input",
+                    "_pairs", "_pair_names", "_series", "_s_node", "_s_pair", "_s_sensor", "_series_max", "_labels",
+                    "_counter_prev", "_sources", "_source_keys")
+_ROWS: Final = ("_o_sid", "_o_tick", "_o_ts", "_o_v", "_o_src", "_o_pos")

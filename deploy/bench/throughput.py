@@ -74,18 +74,19 @@ async def full_path(settings: Settings, samples: int, profile: bool) -> dict[str
     done: dict[str, float] = {}
 
     async def watch() -> None:
+        # Every sample read: stop, and let the worker close its open cells and write them
+        # (drain), instead of timing the idle wait a live stream's tail needs.
         while not stop.is_set():
-            await asyncio.sleep(0.02)
-            st = ingestor.stats
-            if st.samples >= samples and st.open_cells == 0 and st.lag == 0 and "t" not in done:
-                done["t"] = time.monotonic_ns()
+            await asyncio.sleep(0.005)
+            if ingestor.stats.samples >= samples:
                 stop.set()
 
     prof = cProfile.Profile() if profile else None
     task = asyncio.create_task(watch())
     if prof:
         prof.enable()
-    st = await ingestor.run(stop)
+    st = await ingestor.run(stop, drain=True)
+    done["t"] = time.monotonic_ns()
     if prof:
         prof.disable()
         pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(25)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.catalog import BY_NAME, CATALOG
-from streams.align import VALUE_COLUMNS, AlignParams, Frame, GridAligner, Recovered
+from streams.align import VALUE_COLUMNS, Advance, AlignParams, Frame, GridAligner, LateSamples, Recovered
 from tests.oracle import oracle
 
 GRID = 1_000_000_000
@@ -69,11 +69,15 @@ def feed(aligner: GridAligner, samples: dict[Series, list[tuple[int, float]]], c
     for i, k in enumerate(order):
         msg = queues[k][pos[k]]
         pos[k] += 1
-        late = aligner.add(k[0], k[1], k[2], [t for t, _ in msg], [v for _, v in msg])
-        assert late == []
+        aligner.add(k[0], k[1], k[2], [t for t, _ in msg], [v for _, v in msg])
         if i >= len(first):
-            frames += aligner.advance(now_ns=0)
-    return frames + aligner.flush_all()
+            frames += out(aligner.advance(now_ns=0))
+    return frames + out(aligner.flush_all())
+
+
+def out(adv: Advance) -> list[Frame]:
+    assert adv.late == []
+    return adv.frames.frames()
 
 
 def assert_same(got: dict[tuple[str, str, int], dict[str, object]], want: dict[tuple[str, str, int], dict[str, object]]) -> None:
@@ -101,7 +105,7 @@ def test_any_interleaving_of_series_gives_the_same_frames(seed: int, chunk: int)
 def test_empty_cells_are_null_with_zero_count() -> None:
     a = GridAligner(AlignParams(allowed_lateness_ns=0))
     a.add("n", "0", BY_NAME["power"].index, [T0 + 5], [300.0])
-    [f] = a.flush_all()
+    [f] = out(a.flush_all())
     row = as_rows([f])[("n", "0", T0)]
     assert row["power"] == 300.0 and row["n_power"] == 1
     assert row["temperature"] is None and row["n_temperature"] == 0
@@ -112,9 +116,9 @@ def test_watermark_waits_for_the_slowest_series_then_closes() -> None:
     a = GridAligner(AlignParams(allowed_lateness_ns=500_000_000))
     a.add("n", "0", p, [T0 + i * GRID for i in range(10)], [1.0] * 10)
     a.add("n", "0", t, [T0], [40.0])
-    assert a.advance(0) == []  # temperature has only reached T0
+    assert out(a.advance(0)) == []  # temperature has only reached T0
     a.add("n", "0", t, [T0 + 3 * GRID + 600_000_000], [41.0])
-    ticks = [f.tick_ns for f in a.advance(0)]
+    ticks = [f.tick_ns for f in out(a.advance(0))]
     assert ticks == [T0, T0 + GRID, T0 + 2 * GRID]  # watermark = 3.6 s - 0.5 s lateness
     assert a.watermark("n") == T0 + 3 * GRID + 100_000_000
 
@@ -123,9 +127,11 @@ def test_late_samples_are_reported_not_merged() -> None:
     p = BY_NAME["power"].index
     a = GridAligner(AlignParams(allowed_lateness_ns=0))
     a.add("n", "0", p, [T0, T0 + 2 * GRID], [1.0, 2.0])
-    assert [f.tick_ns for f in a.advance(0)] == [T0]  # tick 1 is empty: no frame, but closed
-    assert a.add("n", "0", p, [T0 + 5, T0 + 2 * GRID + 1, T0 + GRID + 7], [9.0, 3.0, 9.0]) == [0, 2]
-    [f] = a.flush_all()
+    assert [f.tick_ns for f in out(a.advance(0))] == [T0]  # tick 1 is empty: no frame, but closed
+    a.add("n", "0", p, [T0 + 5, T0 + 2 * GRID + 1, T0 + GRID + 7], [9.0, 3.0, 9.0], source="s", position=7)
+    done = a.flush_all()
+    assert done.late == [LateSamples("s", 7, [0, 2], 3)]
+    [f] = done.frames.frames()
     assert f.counts[p] == 2 and f.values[VALUE_COLUMNS.index("power")] == 2.5
 
 
@@ -134,9 +140,9 @@ def test_idle_series_stops_holding_the_watermark_and_idle_node_flushes() -> None
     a = GridAligner(AlignParams(allowed_lateness_ns=0, idle_series_ns=5 * GRID, idle_flush_ns=10 * GRID))
     a.add("n", "0", t, [T0], [40.0])
     a.add("n", "0", p, [T0 + i * GRID for i in range(8)], [1.0] * 8)
-    assert [f.tick_ns for f in a.advance(now_ns=0)] == [T0 + i * GRID for i in range(7)]
-    assert a.advance(now_ns=9 * GRID) == []
-    assert [f.tick_ns for f in a.advance(now_ns=10 * GRID)] == [T0 + 7 * GRID]
+    assert [f.tick_ns for f in out(a.advance(now_ns=0))] == [T0 + i * GRID for i in range(7)]
+    assert out(a.advance(now_ns=9 * GRID)) == []
+    assert [f.tick_ns for f in out(a.advance(now_ns=10 * GRID))] == [T0 + 7 * GRID]
 
 
 def test_open_ticks_are_capped() -> None:
@@ -144,7 +150,7 @@ def test_open_ticks_are_capped() -> None:
     a = GridAligner(AlignParams(allowed_lateness_ns=0, max_open_ticks=3))
     a.add("n", "0", t, [T0], [40.0])
     a.add("n", "0", p, [T0 + i * GRID for i in range(10)], [1.0] * 10)
-    assert len(a.advance(0)) == 7 and a.open_cells() == 3
+    assert len(out(a.advance(0))) == 7 and a.open_cells() == 3
 
 
 def test_oldest_positions_pin_open_cells_per_source() -> None:
@@ -155,7 +161,7 @@ def test_oldest_positions_pin_open_cells_per_source() -> None:
     a.add("n", "0", t, [T0 + GRID], [40.0], source="temp", position=3)
     assert a.oldest_positions() == {"power": 10, "temp": 3}
     a.add("n", "0", t, [T0 + 3 * GRID], [40.0], source="temp", position=4)
-    assert [f.tick_ns for f in a.advance(0)] == [T0, T0 + GRID]  # watermark 2 s: the power series
+    assert [f.tick_ns for f in out(a.advance(0))] == [T0, T0 + GRID]  # watermark 2 s: the power series
     assert a.oldest_positions() == {"power": 11, "temp": 4}
 
 
@@ -164,14 +170,15 @@ def test_recovered_boundary_and_counter_continue_a_crashed_run() -> None:
     full = GridAligner(AlignParams(allowed_lateness_ns=0))
     pts = [(T0 + i * 400_000_000, float(v)) for i, v in enumerate([5, 6, 6, 9, 1, 2, 4])]
     full.add("n", "0", e, [t for t, _ in pts], [v for _, v in pts])
-    frames = full.flush_all()
+    frames = out(full.flush_all())
     first, rest = frames[0], frames[1:]
     # A restart that knows tick T0 is written and the counter stood at 6 there.
     again = GridAligner(AlignParams(allowed_lateness_ns=0),
                         Recovered({"n": first.tick_ns}, {("n", "0", e): first.values[VALUE_COLUMNS.index("ecc_errors_last")]}))
-    late = again.add("n", "0", e, [t for t, _ in pts], [v for _, v in pts])
-    assert late == [0, 1, 2]
-    assert [(f.tick_ns, f.values) for f in again.flush_all()] == [(f.tick_ns, f.values) for f in rest]
+    again.add("n", "0", e, [t for t, _ in pts], [v for _, v in pts])
+    done = again.flush_all()
+    assert [x.indices for x in done.late] == [[0, 1, 2]]
+    assert [(f.tick_ns, f.values) for f in done.frames.frames()] == [(f.tick_ns, f.values) for f in rest]
     inc = VALUE_COLUMNS.index("ecc_errors")
     assert [f.values[inc] for f in frames] == [1.0, 3.0 + 1.0, 1.0 + 2.0]
 
@@ -187,7 +194,7 @@ def test_snapshot_round_trips_through_pickle() -> None:
         for x in (a, b):
             x.add(node, gpu, si, [t for t, _ in pts], [v for _, v in pts], source=si, position=2)
     assert b.oldest_positions() == a.oldest_positions()
-    assert [(f.tick_ns, f.values, f.counts) for f in b.flush_all()] == [(f.tick_ns, f.values, f.counts) for f in a.flush_all()]
+    assert [(f.tick_ns, f.values, f.counts) for f in out(b.flush_all())] == [(f.tick_ns, f.values, f.counts) for f in out(a.flush_all())]
 
 
 def test_params_are_validated() -> None:

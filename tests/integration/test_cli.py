@@ -1,0 +1,80 @@
+"""The ``flopwatch`` command line as a user runs it: ``sql`` in three formats and ``simulate``, on real services."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agents.settings import Settings
+from agents.simulator import SimulatorPublisher
+from streams.simulate import SimParams
+from tests.integration.helpers import run_worker_until_idle, stored_frames, worker_env
+
+pytestmark = pytest.mark.integration
+
+
+def flopwatch(settings: Settings, *args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agents.cli", *args], env=worker_env(settings),
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+def test_sql_prints_table_json_and_csv_and_reports_errors_cleanly(base_settings: Settings) -> None:
+    params = SimParams(nodes=1, gpus=1, seed=3, start_ns=time.time_ns() - 10 * 10**9)
+    sent = SimulatorPublisher(base_settings, params, batch_size=10).backlog(10)
+    assert sent.samples > 0
+    run_worker_until_idle(base_settings)
+    _, nrows = stored_frames(base_settings)
+    assert nrows > 0
+    query = f"SELECT node, count() AS frames FROM {base_settings.clickhouse_database}.gpu_frames GROUP BY node"
+
+    table = flopwatch(base_settings, "sql", query)
+    assert table.returncode == 0, table.stderr[-4000:]
+    assert "node" in table.stdout and "frames" in table.stdout
+    rows = [ln for ln in table.stdout.splitlines() if "node-00" in ln]
+    assert len(rows) == 1, table.stdout
+    cells = [c for c in rows[0].replace("│", "|").split("|") if c.strip()]
+    assert [c.strip() for c in cells] == ["node-00", str(nrows)], table.stdout
+
+    as_json = flopwatch(base_settings, "sql", query, "--format", "json")
+    assert as_json.returncode == 0, as_json.stderr[-4000:]
+    doc = json.loads(as_json.stdout)
+    assert isinstance(doc, list) and len(doc) == 1
+    assert set(doc[0]) == {"node", "frames"}
+    assert doc[0]["node"] == "node-00"
+    assert int(doc[0]["frames"]) == nrows
+
+    as_csv = flopwatch(base_settings, "sql", query, "--format", "csv")
+    assert as_csv.returncode == 0, as_csv.stderr[-4000:]
+    assert as_csv.stdout.splitlines()[0] == "node,frames"
+    assert list(csv.reader(io.StringIO(as_csv.stdout))) == [["node", "frames"], ["node-00", str(nrows)]]
+
+    bad = flopwatch(base_settings, "sql", f"SELECT (node FROM {base_settings.clickhouse_database}.gpu_frames")
+    assert bad.returncode != 0
+    assert bad.stdout == ""
+    assert "Error" in bad.stderr and "syntax error" in bad.stderr.lower(), bad.stderr[-4000:]
+    assert "Traceback" not in bad.stderr, bad.stderr[-4000:]
+
+
+def test_sql_json_keeps_counts_as_numbers(base_settings: Settings) -> None:
+    # A JSON consumer must not get numbers as strings (whatever the backend's 64-bit quoting default is).
+    out = flopwatch(base_settings, "sql", "SELECT toUInt64(7) AS n, 'x' AS s", "--format", "json")
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert json.loads(out.stdout) == [{"n": 7, "s": "x"}]
+
+
+def test_simulate_backlog_prints_one_json_summary(base_settings: Settings) -> None:
+    out = flopwatch(base_settings, "simulate", "--mode", "backlog", "--duration", "3", "--nodes", "1", "--gpus", "1",
+                    "--batch-size", "10")
+    assert out.returncode == 0, out.stderr[-4000:]
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1, out.stdout
+    summary = json.loads(lines[0])
+    assert summary["messages"] > 0 and summary["samples"] > 0
+    assert summary["bad"] == 0
+    assert summary["samples"] >= summary["messages"]  # up to 10 samples per message
