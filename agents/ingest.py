@@ -38,7 +38,7 @@ from agents.clickhouse import Backend, ensure_schema, open_backend
 from agents.deadletter import DeadLetter
 from agents.producer import SampleProducer
 from agents.settings import Settings
-from agents.store import FrameStore, Progress
+from agents.store import FrameStore, Pending, Progress
 from agents.topics import Topics, aiokafka_config
 from schemas.catalog import CATALOG
 from schemas.codec import TimeLimits, decode_beacon, decode_k8s_event, decode_samples
@@ -118,6 +118,8 @@ class Ingestor:
         self._dlq: DeadLetter | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._last_flush = 0
+        self._inflight: asyncio.Future[None] | None = None
+        self._on_flush: Callable[[IngestStats], None] | None = None
 
     async def _on_ch(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._ch, fn, *args)
@@ -156,6 +158,7 @@ class Ingestor:
         stream, whose open cells the next worker rebuilds from Kafka instead.
         """
         s = self.settings
+        self._on_flush = on_flush
         backend = await self._on_ch(self._backend_factory, s)
         await self._on_ch(ensure_schema, backend)
         self._store = FrameStore(backend)
@@ -184,12 +187,10 @@ class Ingestor:
                     due = time.monotonic_ns() - self._last_flush >= s.flush_interval_ms * 1_000_000
                     flushed = self._store.pending_rows >= s.flush_rows or (due and self._has_work())
                     if flushed:
-                        await self._flush_locked()
+                        await self._flush_locked(wait=False)
                     if flushed or due:
                         self._last_flush = time.monotonic_ns()
                         await self._update_lag(consumer)
-                    if flushed and on_flush is not None:
-                        on_flush(self.stats)
             async with self._lock:
                 if drain:
                     for p, aligner in self._aligners.items():
@@ -199,6 +200,8 @@ class Ingestor:
                             self._late(p, late)
                 await self._flush_locked()
         finally:
+            if self._inflight is not None and not self._inflight.done():
+                self._inflight.cancel()  # not committed, so the next owner rewrites it
             await consumer.stop()  # leaves the group, so the others rebalance at once
             await self._on_ch(backend.close)
             self._ch.shutdown(wait=True)
@@ -331,9 +334,15 @@ class Ingestor:
                        indices=late.indices if late.total > 1 else None)
         self.stats.rejects = self._dlq.counts
 
-    async def _flush_locked(self) -> None:
+    async def _flush_locked(self, wait: bool = True) -> None:
+        """Start writing what is final, then commit; ``wait=False`` lets the loop go on meanwhile.
+
+        One write is in flight at most: the next flush first waits for the previous
+        one, so commits stay in order and each covers only what its write made durable.
+        """
         store, dlq, consumer = self._store, self._dlq, self._consumer
         assert store is not None and dlq is not None and consumer is not None
+        await self._settle()
         # Commit points first, while the emitted frames and open cells are in step.
         commit: dict[TopicPartition, int] = {}
         oldest = {p: a.oldest_positions() for p, a in self._aligners.items()}
@@ -342,13 +351,29 @@ class Ingestor:
             held = oldest.get(tp.partition, {}).get(si) if kind == _SENSOR else None
             commit[tp] = nxt if held is None else min(nxt, held)
         consumed = {(tp.topic, tp.partition): nxt for tp, nxt in self._next.items()}
-        await self._on_ch(dlq.flush)
-        await self._on_ch(store.flush, consumed, self._clock_ns() // 1_000_000)
-        if commit:
-            await consumer.commit(commit)
+        pending = store.detach()
         self._last_flush = time.monotonic_ns()
         self._dirty = False
+        self.stats.open_cells = sum(a.open_cells() for a in self._aligners.values())
+        self._inflight = asyncio.ensure_future(self._write(pending, consumed, commit))
+        if wait:
+            await self._settle()
+
+    async def _write(self, pending: Pending, consumed: dict[tuple[str, int], int],
+                     commit: dict[TopicPartition, int]) -> None:
+        store, dlq, consumer = self._store, self._dlq, self._consumer
+        assert store is not None and dlq is not None and consumer is not None
+        await self._on_ch(dlq.flush)  # rejects before the offsets that produced them are committed
+        await self._on_ch(store.write, pending, consumed, self._clock_ns() // 1_000_000)
+        if commit:
+            await consumer.commit(commit)
         st = self.stats
         st.frames_written, st.events_written = store.frames_written, store.events_written
         st.flushes += 1
-        st.open_cells = sum(a.open_cells() for a in self._aligners.values())
+        if self._on_flush is not None:
+            self._on_flush(st)
+
+    async def _settle(self) -> None:
+        task, self._inflight = self._inflight, None
+        if task is not None:
+            await task

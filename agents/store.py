@@ -26,6 +26,14 @@ class Progress:
     events_done: dict[TopicPartition, int] = field(default_factory=dict)  # highest event offset stored
 
 
+@dataclass(slots=True)
+class Pending:
+    """Rows taken from the buffers, on their way to ClickHouse."""
+
+    batches: list[FrameBatch]
+    events: Columns
+
+
 class FrameStore:
     """Column buffers for ``gpu_frames`` and ``k8s_events``; ``flush`` writes them and the progress marks."""
 
@@ -46,28 +54,24 @@ class FrameStore:
             self._batches.append(batch)
             self._frame_rows += len(batch)
 
-    def _frame_columns(self) -> Columns:
-        batches, self._batches, self._frame_rows = self._batches, [], 0
-        cols: Columns = {"ts": np.concatenate([b.tick_ns for b in batches]) // 1_000_000,
-                         "node": [n for b in batches for n in b.node], "gpu": [g for b in batches for g in b.gpu]}
-        labels = [lab for b in batches for lab in b.labels]
-        for key, col in LABEL_COLUMNS.items():
-            default = None if col in ddl.INT_LABEL_COLS else ""
-            cols[col] = [lab.get(key, default) for lab in labels]
-        for c in ddl.VALUE_COLS:
-            cols[c] = np.concatenate([b.values[c] for b in batches])
-        for c in ddl.COUNT_COLS:
-            cols[c] = np.concatenate([b.counts[c] for b in batches])
-        return cols
-
     def add_event(self, ev: K8sEvent, topic: str, partition: int, offset: int) -> None:
         row = (ev.ts_ns, ev.node, ev.type, ev.reason, ev.kind, ev.namespace, ev.pod, ev.workload, list(ev.gpus),
                ev.message, topic, partition, offset)
         for col, v in zip(self._events.values(), row, strict=True):
             col.append(v)
 
+    def detach(self) -> Pending:
+        """Hand over what is buffered (cheap; the main loop goes on filling new buffers)."""
+        pending = Pending(self._batches, self._events)
+        self._batches, self._frame_rows = [], 0
+        self._events = {c: [] for c in ddl.EVENT_COLUMNS}
+        return pending
+
     def flush(self, consumed: dict[TopicPartition, int], now_ms: int) -> int:
-        """Write everything buffered; ``consumed`` (next offset read per partition) is recorded first.
+        return self.write(self.detach(), consumed, now_ms)
+
+    def write(self, pending: Pending, consumed: dict[TopicPartition, int], now_ms: int) -> int:
+        """Write ``pending``; ``consumed`` (next offset read per partition) is recorded first.
 
         Progress goes before frames on purpose: after a crash between the two, the
         replay knows those offsets were read and re-adds their samples to cells
@@ -81,18 +85,17 @@ class FrameStore:
                 "topic": [t for t, _ in tps], "partition": [p for _, p in tps],
                 "offset": [consumed[tp] for tp in tps], "written_at": [now_ms] * len(tps)})
         token = uuid.uuid4().hex  # one token per batch, reused by the backend's retries
-        if self._batches:
-            frames = self._frame_columns()
+        if pending.batches:
+            frames = _frame_columns(pending.batches)
             self.backend.insert("gpu_frames", frames, token=token)
             n = len(frames["node"])
             self.frames_written += n
             written += n
-        if self._events["ts"]:
-            self.backend.insert("k8s_events", self._events, token=token + "e")
-            n = len(self._events["ts"])
+        if pending.events["ts"]:
+            self.backend.insert("k8s_events", pending.events, token=token + "e")
+            n = len(pending.events["ts"])
             self.events_written += n
             written += n
-            self._events = {c: [] for c in ddl.EVENT_COLUMNS}
         return written
 
     def recover(self) -> Progress:
@@ -115,3 +118,17 @@ class FrameStore:
                                     "GROUP BY kafka_topic, kafka_partition")
         events_done = {(str(t), int(p)): int(o) for t, p, o in rows}
         return Progress(Recovered(boundaries, counters), consumed, events_done)
+
+
+def _frame_columns(batches: list[FrameBatch]) -> Columns:
+    cols: Columns = {"ts": np.concatenate([b.tick_ns for b in batches]) // 1_000_000,
+                     "node": [n for b in batches for n in b.node], "gpu": [g for b in batches for g in b.gpu]}
+    labels = [lab for b in batches for lab in b.labels]
+    for key, col in LABEL_COLUMNS.items():
+        default = None if col in ddl.INT_LABEL_COLS else ""
+        cols[col] = [lab.get(key, default) for lab in labels]
+    for c in ddl.VALUE_COLS:
+        cols[c] = np.concatenate([b.values[c] for b in batches])
+    for c in ddl.COUNT_COLS:
+        cols[c] = np.concatenate([b.counts[c] for b in batches])
+    return cols

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import queue
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -74,3 +78,25 @@ def assert_frames_equal(got: Rows, want: Rows) -> None:
             if not ok:
                 bad.append((key, col, v, g))
     assert not bad, f"{len(bad)} cells differ, e.g. {bad[:5]}"
+
+
+def wait_for_stats(proc: subprocess.Popen[str], done: Callable[[dict[str, Any]], bool],
+                   timeout_s: float = 120.0) -> dict[str, Any]:
+    """Read a worker's stderr until a stats line satisfies ``done``; fail after ``timeout_s``."""
+    lines: queue.Queue[str] = queue.Queue()
+    assert proc.stderr is not None
+    stream = proc.stderr
+    threading.Thread(target=lambda: [lines.put(ln) for ln in stream], daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    seen: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        start = line.find('{"event":"flush"')
+        if start >= 0:
+            seen = orjson.loads(line[start:].strip())
+            if done(seen):
+                return seen
+    raise AssertionError(f"worker did not reach the expected state in {timeout_s:.0f} s; last stats {seen}")

@@ -39,9 +39,7 @@ def test_faust_worker_runtime_writes_the_same_frames(base_settings: Settings) ->
     import signal
     import subprocess
 
-    import orjson
-
-    from tests.integration.helpers import worker_cmd, worker_env
+    from tests.integration.helpers import wait_for_stats, worker_cmd, worker_env
 
     duration = 10.0
     params = SimParams(nodes=2, gpus=1, seed=4, start_ns=time.time_ns() - int(duration * 1e9))
@@ -49,17 +47,10 @@ def test_faust_worker_runtime_writes_the_same_frames(base_settings: Settings) ->
     want = expected_frames(params, duration)
     proc = subprocess.Popen(worker_cmd("--runtime", "faust"), env=worker_env(base_settings),
                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    assert proc.stderr is not None
-    deadline = time.monotonic() + 120
-    stats: dict[str, object] = {}
-    for line in proc.stderr:
-        start = line.find('{"event":"flush"')
-        if start >= 0:
-            stats = orjson.loads(line[start:].strip())
-            if stats["frames_written"] == len(want):
-                break
-        assert time.monotonic() < deadline, "faust worker did not finish in time"
-    proc.send_signal(signal.SIGTERM)
+    try:
+        stats = wait_for_stats(proc, lambda st: st["frames_written"] == len(want))
+    finally:
+        proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0
     assert stats["samples"] == sent.samples
     got, nrows = stored_frames(base_settings)
