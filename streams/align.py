@@ -63,14 +63,15 @@ class AlignParams:
     idle_series_ns: int = 30_000_000_000
     idle_flush_ns: int = 5_000_000_000
     max_open_ticks: int = 3_600
+    max_open_samples: int = 4_000_000  # ~200 MB of open samples; beyond it the oldest ticks close
 
     def __post_init__(self) -> None:
         if not 100_000_000 <= self.grid_ns <= 60_000_000_000:
             raise ValueError("grid_ns must be between 100 ms and 60 s")
         if self.allowed_lateness_ns < 0 or self.idle_series_ns <= 0 or self.idle_flush_ns <= 0:
             raise ValueError("lateness must be >= 0 and idle timeouts > 0")
-        if self.max_open_ticks < 1:
-            raise ValueError("max_open_ticks must be >= 1")
+        if self.max_open_ticks < 1 or self.max_open_samples < 1:
+            raise ValueError("max_open_ticks and max_open_samples must be >= 1")
 
 
 @dataclass(slots=True)
@@ -354,6 +355,14 @@ class GridAligner:
             # Bounded memory: a node cannot hold more open ticks than the cap, whatever its input.
             c = max(c, int(newest_tick[nid]) + 1 - self.params.max_open_ticks)
             close[nid] = c
+        excess = len(self._o_tick) - self.params.max_open_samples
+        if excess > 0:
+            # Bounded memory whatever the input rate or the skew: the oldest ticks of all
+            # nodes close until the open samples fit again; stragglers for them become late.
+            oldest_kept = int(np.partition(self._o_tick, excess)[excess])
+            close = np.maximum(close, oldest_kept)
+            if (self._o_tick < close[row_node]).sum() < excess:
+                close = np.maximum(close, oldest_kept + 1)
         return Advance(self._close(close, row_node), late)
 
     def flush_all(self) -> Advance:

@@ -153,6 +153,18 @@ def test_open_ticks_are_capped() -> None:
     assert len(out(a.advance(0))) == 7 and a.open_cells() == 3
 
 
+def test_open_samples_are_capped_whatever_the_skew() -> None:
+    p, t = BY_NAME["power"].index, BY_NAME["temperature"].index
+    a = GridAligner(AlignParams(allowed_lateness_ns=0, max_open_samples=25))
+    a.add("n", "0", t, [T0], [40.0])  # a stalled series would hold everything open
+    a.add("n", "0", p, [T0 + i * GRID // 10 for i in range(60)], [1.0] * 60)
+    frames = out(a.advance(0))
+    assert [f.tick_ns for f in frames] == [T0 + i * GRID for i in range(4)]
+    assert len(a._o_tick) <= 25
+    a.add("n", "0", p, [T0 + GRID], [5.0], source="s", position=1)
+    assert [x.indices for x in a.advance(0).late] == [[0]]
+
+
 def test_oldest_positions_pin_open_cells_per_source() -> None:
     p, t = BY_NAME["power"].index, BY_NAME["temperature"].index
     a = GridAligner(AlignParams(allowed_lateness_ns=0))
