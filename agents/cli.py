@@ -6,6 +6,7 @@ import asyncio
 import csv
 import io
 import logging
+import os
 import signal
 import sys
 import time
@@ -51,8 +52,10 @@ def cli(ctx: click.Context, config_file: str | None, verbose: bool) -> None:
 @click.pass_context
 def worker(ctx: click.Context, progress: str, exit_when_idle: float | None, runtime: str) -> None:
     """Consume the sensor topics, align them and write frames to ClickHouse until stopped."""
+    from aiokafka.errors import KafkaError
+
     from agents.admin import ensure_topics
-    from agents.ingest import Ingestor, IngestStats
+    from agents.ingest import CommitError, Ingestor, IngestStats
 
     settings = _settings(ctx)
     ensure_topics(settings)
@@ -79,8 +82,14 @@ def worker(ctx: click.Context, progress: str, exit_when_idle: float | None, runt
     async def main() -> IngestStats:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            stop.set()
+            # Commits follow durable writes, so a hard exit after the grace period loses nothing.
+            loop.call_later(SHUTDOWN_GRACE_S, _hard_exit)
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
         watcher = None
         if exit_when_idle is not None:
             watcher = loop.create_task(_stop_when_idle(ingestor, stop, exit_when_idle))
@@ -90,8 +99,20 @@ def worker(ctx: click.Context, progress: str, exit_when_idle: float | None, runt
             if watcher is not None:
                 watcher.cancel()
 
-    st = asyncio.run(main())
+    try:
+        st = asyncio.run(main())
+    except (CommitError, KafkaError) as exc:
+        raise click.ClickException(f"worker stopped: {exc}") from None
     report(st)
+
+
+SHUTDOWN_GRACE_S = 60.0
+
+
+def _hard_exit() -> None:
+    log.error("shutdown took longer than %.0f s; exiting without the last commit (it will be replayed)",
+              SHUTDOWN_GRACE_S)
+    os._exit(3)
 
 
 async def _stop_when_idle(ingestor: Any, stop: asyncio.Event, idle_s: float) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from aiokafka.errors import IllegalStateError
 
 from agents.clickhouse import Backend, ensure_schema, open_backend
 from agents.deadletter import DeadLetter
@@ -47,6 +48,11 @@ from streams.align import GridAligner, LateSamples, Recovered
 
 log = logging.getLogger(__name__)
 _SENSOR, _EVENTS, _CLOCK = 0, 1, 2
+COMMIT_TIMEOUT_S = 30.0
+
+
+class CommitError(RuntimeError):
+    """Kafka did not take an offset commit; the worker stops (nothing is lost: it replays)."""
 
 
 @dataclass(slots=True)
@@ -175,6 +181,8 @@ class Ingestor:
         try:
             while not stop.is_set():
                 batch = await consumer.getmany(timeout_ms=100)
+                if not batch and not consumer.assignment():
+                    await asyncio.sleep(0.1)  # no partitions (yet, or topics gone): don't spin
                 async with self._lock:
                     if batch:
                         self._handle(batch)
@@ -202,7 +210,12 @@ class Ingestor:
         finally:
             if self._inflight is not None and not self._inflight.done():
                 self._inflight.cancel()  # not committed, so the next owner rewrites it
-            await consumer.stop()  # leaves the group, so the others rebalance at once
+            try:
+                # Leaving the group lets the others rebalance at once; bounded, because a
+                # consumer whose topics vanished can hang here.
+                await asyncio.wait_for(consumer.stop(), 15.0)
+            except TimeoutError:
+                log.warning("Kafka consumer did not stop within 15 s; leaving anyway")
             await self._on_ch(backend.close)
             self._ch.shutdown(wait=True)
         return self.stats
@@ -268,15 +281,18 @@ class Ingestor:
     async def _update_lag(self, consumer: AIOKafkaConsumer) -> None:
         """Records behind the end of every assigned partition; None until each end is known."""
         lag: int | None = 0
-        for tp in consumer.assignment():
-            hw = consumer.highwater(tp)
-            if hw is None:
-                lag = None
-                break
-            pos = self._next.get(tp)
-            if pos is None:
-                pos = await consumer.position(tp)
-            lag += max(0, hw - pos)
+        try:
+            for tp in list(consumer.assignment()):
+                hw = consumer.highwater(tp)
+                if hw is None:
+                    lag = None
+                    break
+                pos = self._next.get(tp)
+                if pos is None:
+                    pos = await consumer.position(tp)
+                lag += max(0, hw - pos)
+        except (AssertionError, IllegalStateError):
+            lag = None  # the assignment changed under us (a rebalance); known again next time
         self.stats.lag = lag
 
     async def _check_unheard(self, consumer: AIOKafkaConsumer) -> None:
@@ -302,7 +318,10 @@ class Ingestor:
         consumer = self._consumer
         assert consumer is not None
         hold: dict[int, int] = {}
+        assigned = consumer.assignment()
         for tp, ts in self._tp_max_ts.items():
+            if tp not in assigned:
+                continue  # being revoked; its aligner goes with it
             hw = consumer.highwater(tp)
             if hw is not None and self._next.get(tp, hw) < hw and ts < hold.get(tp.partition, ts + 1):
                 hold[tp.partition] = ts
@@ -346,6 +365,9 @@ class Ingestor:
         # Commit points first, while the emitted frames and open cells are in step.
         commit: dict[TopicPartition, int] = {}
         oldest = {p: a.oldest_positions() for p, a in self._aligners.items()}
+        assigned = consumer.assignment()
+        for tp in [tp for tp in self._next if tp not in assigned]:
+            del self._next[tp]  # gone without a revoke (its topic was deleted): nothing to commit there
         for tp, nxt in self._next.items():
             kind, si = self._route[tp.topic]
             held = oldest.get(tp.partition, {}).get(si) if kind == _SENSOR else None
@@ -366,7 +388,13 @@ class Ingestor:
         await self._on_ch(dlq.flush)  # rejects before the offsets that produced them are committed
         await self._on_ch(store.write, pending, consumed, self._clock_ns() // 1_000_000)
         if commit:
-            await consumer.commit(commit)
+            try:
+                # aiokafka retries a commit forever on "retriable" errors (a deleted topic, a
+                # lost coordinator); a worker that cannot commit must stop and say so instead.
+                await asyncio.wait_for(consumer.commit(commit), COMMIT_TIMEOUT_S)
+            except TimeoutError:
+                raise CommitError(f"offset commit did not complete in {COMMIT_TIMEOUT_S:.0f} s; the rows are "
+                                  "written, and the next worker resumes from the last committed offsets") from None
         st = self.stats
         st.frames_written, st.events_written = store.frames_written, store.events_written
         st.flushes += 1

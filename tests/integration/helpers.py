@@ -31,7 +31,7 @@ def worker_env(settings: Settings) -> dict[str, str]:
 def run_worker_until_idle(settings: Settings, idle_s: float = 2.0, timeout_s: float = 180.0) -> dict[str, Any]:
     """Run ``flopwatch worker`` until it has written everything; return its last stats line."""
     proc = subprocess.run(worker_cmd("--exit-when-idle", str(idle_s)), env=worker_env(settings),
-                          capture_output=True, text=True, timeout=timeout_s)
+                          capture_output=True, text=True, timeout=timeout_s)  # run() kills it on timeout
     assert proc.returncode == 0, proc.stderr[-4000:]
     return last_stats(proc.stderr)
 

@@ -52,11 +52,13 @@ def test_sigkill_mid_run_loses_and_duplicates_nothing(any_settings: Settings, ru
         flushes_with_frames -= stats["frames_written"] > 0
         return flushes_with_frames == 0
 
-    written_before_kill = wait_for_stats(worker, kill_point)["frames_written"]
-    time.sleep(rng.uniform(0, 0.3))  # land anywhere in the next poll/flush cycle
-    worker.send_signal(signal.SIGKILL)
-    worker.wait(30)
-    producing.join()
+    try:
+        written_before_kill = wait_for_stats(worker, kill_point)["frames_written"]
+        time.sleep(rng.uniform(0, 0.3))  # land anywhere in the next poll/flush cycle
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(30)
+        producing.join()
     assert worker.returncode == -signal.SIGKILL
     assert 0 < written_before_kill < len(want), "the kill must land mid-run"
 

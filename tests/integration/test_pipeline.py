@@ -51,7 +51,11 @@ def test_faust_worker_runtime_writes_the_same_frames(base_settings: Settings) ->
         stats = wait_for_stats(proc, lambda st: st["frames_written"] == len(want))
     finally:
         proc.send_signal(signal.SIGTERM)
-    assert proc.wait(60) == 0
+        try:
+            code = proc.wait(60)
+        finally:
+            proc.kill()  # no-op when it has exited; never leave a worker behind
+    assert code == 0
     assert stats["samples"] == sent.samples
     got, nrows = stored_frames(base_settings)
     assert nrows == len(got)
