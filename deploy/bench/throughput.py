@@ -14,6 +14,7 @@ import asyncio
 import cProfile
 import json
 import pstats
+import statistics
 import sys
 import tempfile
 import time
@@ -96,41 +97,53 @@ async def full_path(settings: Settings, samples: int, profile: bool) -> dict[str
             "rejects": dict(st.rejects)}
 
 
-def run_case(base: Settings, label: str, samples: int, batch_size: int, profile: bool) -> dict[str, Any]:
+def run_case(base: Settings, label: str, samples: int, batch_size: int, profile: bool,
+             rounds: int) -> dict[str, Any]:
+    """Publish once, then alternate the plain decode and the full path ``rounds`` times.
+
+    Alternating in the same run puts both under the same machine noise; the medians
+    and the median of the per-round ratios are the figures reported.
+    """
     tag = uuid.uuid4().hex[:6]
-    with tempfile.TemporaryDirectory() as tmp:
-        # Cells close by watermark, not by idleness: a 1 s idle flush would wait on the clock.
-        settings = base.replace(topic_prefix=f"bench{tag}.", group_id=f"bench{tag}", chdb_path=f"{tmp}/chdb",
-                                idle_flush_s=0.5)
-        ensure_topics(settings)
-        try:
-            pub = publish(settings, samples, batch_size)
-            plain_s = asyncio.run(plain_decode(settings, pub["messages"]))
-            full = asyncio.run(full_path(settings, pub["samples"], profile))
-        finally:
-            delete_topics(settings)
-    out = {
-        "case": label, "messages": pub["messages"], "samples": pub["samples"],
-        "plain_decode_msgs_per_s": round(pub["messages"] / plain_s),
-        "plain_decode_samples_per_s": round(pub["samples"] / plain_s),
-        "full_path_samples_per_s": round(full["samples"] / full["seconds"]),
-        "full_path_msgs_per_s": round(full["messages"] / full["seconds"]),
-        "ratio_to_plain_decode": round(plain_s / full["seconds"], 3),
-        "frames": full["frames"], "rejects": full["rejects"],
+    settings = base.replace(topic_prefix=f"bench{tag}.", idle_flush_s=0.5)
+    ensure_topics(settings)
+    plain_s: list[float] = []
+    fulls: list[dict[str, Any]] = []
+    try:
+        pub = publish(settings, samples, batch_size)
+        for r in range(rounds):
+            plain_s.append(asyncio.run(plain_decode(settings, pub["messages"])))
+            with tempfile.TemporaryDirectory() as tmp:
+                run = settings.replace(group_id=f"bench{tag}-{r}", chdb_path=f"{tmp}/chdb")
+                fulls.append(asyncio.run(full_path(run, pub["samples"], profile and r == 0)))
+    finally:
+        delete_topics(settings)
+    for full in fulls:
+        assert full["samples"] == pub["samples"] and not full["rejects"], full
+    full_s = [f["seconds"] for f in fulls]
+    ratios = [p / f for p, f in zip(plain_s, full_s, strict=True)]
+    return {
+        "case": label, "messages": pub["messages"], "samples": pub["samples"], "rounds": rounds,
+        "plain_decode_msgs_per_s": round(pub["messages"] / statistics.median(plain_s)),
+        "plain_decode_samples_per_s": round(pub["samples"] / statistics.median(plain_s)),
+        "full_path_samples_per_s": round(pub["samples"] / statistics.median(full_s)),
+        "full_path_msgs_per_s": round(pub["messages"] / statistics.median(full_s)),
+        "ratio_to_plain_decode": round(statistics.median(ratios), 3),
+        "ratio_per_round": [round(x, 3) for x in ratios],
+        "frames": fulls[0]["frames"],
     }
-    assert full["samples"] == pub["samples"] and not full["rejects"], out
-    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samples", type=int, default=2_000_000, help="samples for the batched case (100 per message)")
     ap.add_argument("--single-messages", type=int, default=200_000, help="messages for the single-sample case")
-    ap.add_argument("--profile", action="store_true", help="cProfile the full path (stderr)")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating plain/full measurements per case")
+    ap.add_argument("--profile", action="store_true", help="cProfile the first full-path round (stderr)")
     args = ap.parse_args()
     base = load_settings()
-    results = [run_case(base, "batched (100 samples/message)", args.samples, 100, args.profile),
-               run_case(base, "single-sample messages", args.single_messages, 1, args.profile)]
+    results = [run_case(base, "batched (100 samples/message)", args.samples, 100, args.profile, args.rounds),
+               run_case(base, "single-sample messages", args.single_messages, 1, args.profile, args.rounds)]
     print(json.dumps({"date": time.strftime("%Y-%m-%d"), "results": results}, indent=2))
 
 
