@@ -44,7 +44,15 @@ class TimeLimits:
     max_future_ns: int = 300 * 10**9
 
 
-def _loads(raw: bytes) -> dict[str, Any] | Reject:
+class _Refused(Exception):
+    """Raised inside this module only; each public decoder turns it into a ``Reject``."""
+
+    def __init__(self, reason: RejectReason, detail: str) -> None:
+        super().__init__(detail)
+        self.reject = Reject(reason, detail)
+
+
+def _loads(raw: bytes) -> dict[str, Any]:
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -52,33 +60,33 @@ def _loads(raw: bytes) -> dict[str, Any] | Reject:
         # orjson refuses NaN/Infinity literals and overflowing numbers; they are a
         # numeric problem for the producer, not a syntax one, so say so.
         if "infinity" in msg or b"NaN" in raw or b"Infinity" in raw:
-            return Reject(R.NOT_FINITE, msg)
-        return Reject(R.MALFORMED_JSON, msg)
+            raise _Refused(R.NOT_FINITE, msg) from None
+        raise _Refused(R.MALFORMED_JSON, msg) from None
     if type(obj) is not dict:
-        return Reject(R.MALFORMED_JSON, f"expected a JSON object, got {type(obj).__name__}")
+        raise _Refused(R.MALFORMED_JSON, f"expected a JSON object, got {type(obj).__name__}")
     v = obj.get("v")
     if v is None:
-        return Reject(R.MISSING_FIELD, "v")
+        raise _Refused(R.MISSING_FIELD, "v")
     if v != WIRE_VERSION or type(v) is not int:
-        return Reject(R.UNKNOWN_VERSION, f"v={v!r}, this pipeline reads v={WIRE_VERSION}")
+        raise _Refused(R.UNKNOWN_VERSION, f"v={v!r}, this pipeline reads v={WIRE_VERSION}")
     return obj
 
 
-def _str(obj: dict[str, Any], key: str, default: str | None = None) -> str | Reject:
+def _str(obj: dict[str, Any], key: str, default: str | None = None) -> str:
     val = obj.get(key, default)
     if val is None:
-        return Reject(R.MISSING_FIELD, key)
+        raise _Refused(R.MISSING_FIELD, key)
     if type(val) is not str or not val:
-        return Reject(R.WRONG_TYPE, f"{key} must be a non-empty string")
+        raise _Refused(R.WRONG_TYPE, f"{key} must be a non-empty string")
     return val
 
 
-def _int(obj: dict[str, Any], key: str) -> int | Reject:
+def _int(obj: dict[str, Any], key: str) -> int:
     val = obj.get(key)
     if val is None:
-        return Reject(R.MISSING_FIELD, key)
+        raise _Refused(R.MISSING_FIELD, key)
     if type(val) is not int:
-        return Reject(R.WRONG_TYPE, f"{key} must be an integer")
+        raise _Refused(R.WRONG_TYPE, f"{key} must be an integer")
     return val
 
 
@@ -88,12 +96,12 @@ _LABEL_CACHE: dict[tuple[tuple[str, Any], ...], Labels] = {}
 _LABEL_CACHE_MAX: Final = 65_536
 
 
-def _labels(obj: dict[str, Any]) -> Labels | Reject | None:
+def _labels(obj: dict[str, Any]) -> Labels | None:
     raw = obj.get("labels")
     if raw is None:
         return None
     if type(raw) is not dict:
-        return Reject(R.WRONG_TYPE, "labels must be an object")
+        raise _Refused(R.WRONG_TYPE, "labels must be an object")
     try:
         items = tuple(raw.items())
         cached = _LABEL_CACHE.get(items)
@@ -107,7 +115,7 @@ def _labels(obj: dict[str, Any]) -> Labels | Reject | None:
             continue  # unknown labels are ignored like unknown fields
         want = int if key in INT_LABELS else str
         if type(val) is not want:
-            return Reject(R.WRONG_TYPE, f"labels.{key} must be {want.__name__}")
+            raise _Refused(R.WRONG_TYPE, f"labels.{key} must be {want.__name__}")
         out[key] = val
     if items:
         if len(_LABEL_CACHE) >= _LABEL_CACHE_MAX:
@@ -116,55 +124,52 @@ def _labels(obj: dict[str, Any]) -> Labels | Reject | None:
     return out
 
 
-def _check_times(ts: list[int], clock: str, limits: TimeLimits | None) -> Reject | None:
+def _check_times(ts: list[int], clock: str, limits: TimeLimits | None) -> None:
     if limits is None or clock != UTC_CLOCK or not ts:
-        return None
+        return
     lo, hi = min(ts), max(ts)
     if lo < limits.now_ns - limits.max_age_ns:
-        return Reject(R.TOO_OLD, f"ts_ns={lo} is older than the accepted age")
+        raise _Refused(R.TOO_OLD, f"ts_ns={lo} is older than the accepted age")
     if hi > limits.now_ns + limits.max_future_ns:
-        return Reject(R.TOO_NEW, f"ts_ns={hi} is further in the future than accepted")
-    return None
+        raise _Refused(R.TOO_NEW, f"ts_ns={hi} is further in the future than accepted")
 
 
 def decode_samples(raw: bytes, sensor: str, limits: TimeLimits | None = None) -> SampleBatch | Reject:
     """Decode one ``sensors.<sensor>`` message, single or batch form, into a batch."""
+    try:
+        return _samples(raw, sensor, limits)
+    except _Refused as refused:
+        return refused.reject
+
+
+def _samples(raw: bytes, sensor: str, limits: TimeLimits | None) -> SampleBatch:
     spec = BY_NAME.get(sensor)
     if spec is None:
-        return Reject(R.UNKNOWN_SENSOR, f"no sensor named {sensor!r} in the catalog")
+        raise _Refused(R.UNKNOWN_SENSOR, f"no sensor named {sensor!r} in the catalog")
     obj = _loads(raw)
-    if isinstance(obj, Reject):
-        return obj
-    assert type(obj) is dict
     named = obj.get("sensor")
     if named is not None and named != sensor:
-        return Reject(R.UNKNOWN_SENSOR, f"message names sensor {named!r} on the topic of {sensor!r}")
+        raise _Refused(R.UNKNOWN_SENSOR, f"message names sensor {named!r} on the topic of {sensor!r}")
     node = _str(obj, "node")
-    if isinstance(node, Reject):
-        return node
     gpu = _str(obj, "gpu")
-    if isinstance(gpu, Reject):
-        return gpu
     clock = _str(obj, "clock", UTC_CLOCK)
-    if isinstance(clock, Reject):
-        return clock
     ts = obj.get("ts_ns")
     if ts is None:
-        return Reject(R.MISSING_FIELD, "ts_ns")
+        raise _Refused(R.MISSING_FIELD, "ts_ns")
     value = obj.get("value")
     if value is None:
-        return Reject(R.MISSING_FIELD, "value")
+        raise _Refused(R.MISSING_FIELD, "value")
     if type(ts) is list:
         if type(value) is not list:
-            return Reject(R.WRONG_TYPE, "value must be an array when ts_ns is one")
+            raise _Refused(R.WRONG_TYPE, "value must be an array when ts_ns is one")
         if len(ts) != len(value):
-            return Reject(R.LENGTH_MISMATCH, f"{len(ts)} timestamps, {len(value)} values")
+            raise _Refused(R.LENGTH_MISMATCH, f"{len(ts)} timestamps, {len(value)} values")
         if not ts:
-            return Reject(R.LENGTH_MISMATCH, "empty batch")
+            raise _Refused(R.LENGTH_MISMATCH, "empty batch")
         values: list[Any] = value
         stamps: list[Any] = ts
     elif type(value) is list:
-        return Reject(R.WRONG_TYPE, "ts_ns must be an array when value is one")
+        raise _Refused(R.WRONG_TYPE, "ts_ns must be an array when value is one")
     else:
         values, stamps = [value], [ts]
     # Packing into machine arrays is the type check (C speed, and the aligner takes the
@@ -173,22 +178,16 @@ def decode_samples(raw: bytes, sensor: str, limits: TimeLimits | None = None) ->
         packed_values = array("d", values)
         packed_ts = array("q", stamps)
     except (TypeError, OverflowError):
-        return Reject(R.WRONG_TYPE, _type_problem(values, stamps))
+        raise _Refused(R.WRONG_TYPE, _type_problem(values, stamps)) from None
     # Booleans are ints to Python; only a message that spells true/false can hold one.
     if (b"true" in raw or b"false" in raw) and (not _BOOLS.isdisjoint(map(type, values))
                                                 or not _BOOLS.isdisjoint(map(type, stamps))):
-        return Reject(R.WRONG_TYPE, _type_problem(values, stamps))
+        raise _Refused(R.WRONG_TYPE, _type_problem(values, stamps))
     if min(values) < spec.lo or max(values) > spec.hi:
         bad = next(x for x in values if not spec.lo <= x <= spec.hi)
-        return Reject(R.OUT_OF_RANGE, f"{sensor}={bad} outside [{spec.lo:g}, {spec.hi:g}] {spec.unit}")
-    time_err = _check_times(stamps, clock, limits)
-    if time_err is not None:
-        return time_err
-    labels = _labels(obj)
-    if isinstance(labels, Reject):
-        return labels
-    assert labels is None or type(labels) is dict
-    return SampleBatch(sensor, node, gpu, packed_ts, packed_values, clock, labels)
+        raise _Refused(R.OUT_OF_RANGE, f"{sensor}={bad} outside [{spec.lo:g}, {spec.hi:g}] {spec.unit}")
+    _check_times(stamps, clock, limits)
+    return SampleBatch(sensor, node, gpu, packed_ts, packed_values, clock, _labels(obj))
 
 
 def _type_problem(values: list[Any], stamps: list[Any]) -> str:
@@ -205,54 +204,35 @@ def _type_problem(values: list[Any], stamps: list[Any]) -> str:
 
 def decode_beacon(raw: bytes) -> ClockBeacon | Reject:
     """Decode one ``clock.sync`` message."""
-    obj = _loads(raw)
-    if isinstance(obj, Reject):
-        return obj
-    assert type(obj) is dict
-    fields: list[str | int | Reject] = [
-        _str(obj, "node"), _str(obj, "clock"),
-        _int(obj, "domain_ns"), _int(obj, "utc_before_ns"), _int(obj, "utc_after_ns"),
-    ]
-    for f in fields:
-        if isinstance(f, Reject):
-            return f
-    node, clock, domain_ns, before, after = fields
-    assert type(node) is str and type(clock) is str
-    assert type(domain_ns) is int and type(before) is int and type(after) is int
-    if after < before:
+    try:
+        obj = _loads(raw)
+        beacon = ClockBeacon(_str(obj, "node"), _str(obj, "clock"), _int(obj, "domain_ns"),
+                             _int(obj, "utc_before_ns"), _int(obj, "utc_after_ns"))
+    except _Refused as refused:
+        return refused.reject
+    if beacon.utc_after_ns < beacon.utc_before_ns:
         return Reject(R.OUT_OF_RANGE, "utc_after_ns is before utc_before_ns")
-    return ClockBeacon(node, clock, domain_ns, before, after)
+    return beacon
 
 
 def decode_k8s_event(raw: bytes) -> K8sEvent | Reject:
     """Decode one ``k8s.events`` message."""
-    obj = _loads(raw)
-    if isinstance(obj, Reject):
-        return obj
-    assert type(obj) is dict
-    node = _str(obj, "node")
-    if isinstance(node, Reject):
-        return node
-    ts = _int(obj, "ts_ns")
-    if isinstance(ts, Reject):
-        return ts
-    typ = _str(obj, "type")
-    if isinstance(typ, Reject):
-        return typ
-    reason = _str(obj, "reason")
-    if isinstance(reason, Reject):
-        return reason
-    opt: dict[str, str] = {}
-    for key in ("kind", "namespace", "pod", "workload", "message"):
-        val = obj.get(key, "")
-        if type(val) is not str:
-            return Reject(R.WRONG_TYPE, f"{key} must be a string")
-        opt[key] = val
-    gpus = obj.get("gpus", [])
-    if type(gpus) is not list or any(type(g) is not str for g in gpus):
-        return Reject(R.WRONG_TYPE, "gpus must be an array of strings")
-    assert type(node) is str and type(ts) is int and type(typ) is str and type(reason) is str
-    return K8sEvent(node, ts, typ, reason, gpus=tuple(gpus), **opt)
+    try:
+        obj = _loads(raw)
+        node, ts, typ, reason = _str(obj, "node"), _int(obj, "ts_ns"), _str(obj, "type"), _str(obj, "reason")
+        opt: dict[str, str] = {}
+        for key in ("kind", "namespace", "pod", "workload", "message"):
+            val = obj.get(key, "")
+            if type(val) is not str:
+                raise _Refused(R.WRONG_TYPE, f"{key} must be a string")
+            opt[key] = val
+        gpus = obj.get("gpus", [])
+        if type(gpus) is not list or any(type(g) is not str for g in gpus):
+            raise _Refused(R.WRONG_TYPE, "gpus must be an array of strings")
+    except _Refused as refused:
+        return refused.reject
+    return K8sEvent(node, ts, typ, reason, opt["kind"], opt["namespace"], opt["pod"], opt["workload"],
+                    tuple(gpus), opt["message"])
 
 
 def encode_sample(s: Sample) -> bytes:
