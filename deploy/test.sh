@@ -9,7 +9,18 @@ cd "$root"
 deploy/setup.sh
 # Started here rather than by the test session so a broken install fails before any test.
 env_file="$(mktemp)"
-trap 'deploy/services.sh stop >&2 || true; rm -f "$env_file"' EXIT
+# services.sh leaves a broker alone when FLOPWATCH_KAFKA_BOOTSTRAP names it: stop with the
+# caller's value, not the one sourced below, so the broker started here is stopped too.
+caller_bootstrap="${FLOPWATCH_KAFKA_BOOTSTRAP-}"
+stop_services() {
+  if [ -n "$caller_bootstrap" ]; then
+    FLOPWATCH_KAFKA_BOOTSTRAP="$caller_bootstrap" deploy/services.sh stop >&2 || true
+  else
+    env -u FLOPWATCH_KAFKA_BOOTSTRAP deploy/services.sh stop >&2 || true
+  fi
+  rm -f "$env_file"
+}
+trap stop_services EXIT
 deploy/services.sh start > "$env_file"
 # shellcheck disable=SC1090
 source "$env_file"
