@@ -1,0 +1,199 @@
+"""Clock domains: how a domain's time relates to UTC (the truth the simulator knows) and
+how the pipeline estimates that relation online from ``clock.sync`` beacons.
+
+A beacon is one reading of the domain taken between two UTC readings of its host.
+The UTC midpoint is the best guess of when the domain was read; its error is at most
+half the round trip, so beacons with a short round trip are worth far more. The
+estimator keeps a window of recent beacons, fits ``utc - domain = offset + drift *
+(domain - ref)`` by weighted least squares over the shortest-round-trip ones (weights
+1 / half-round-trip squared), drops points that disagree with the fit by more than
+their own uncertainty allows, and starts over when the domain steps backwards (a
+reboot or a process restart resets a monotonic clock).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Final
+
+from schemas.records import ClockBeacon
+
+_NS: Final = 1_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class DomainClock:
+    """The true clock of a domain: ``domain = utc + offset + drift * (utc - start)``, with resets.
+
+    At each UTC instant in ``resets_ns`` the domain steps back by ``reset_jump_ns`` and
+    keeps running at the same rate.
+
+    >>> c = DomainClock(offset_ns=1_000_000, drift_ppm=100.0, start_ns=0)
+    >>> c.to_domain(10 * 10**9) - 10 * 10**9
+    2000000
+    """
+
+    offset_ns: int
+    drift_ppm: float
+    start_ns: int
+    resets_ns: tuple[int, ...] = ()
+    reset_jump_ns: int = 2 * _NS
+
+    def epoch(self, utc_ns: int) -> int:
+        return sum(1 for r in self.resets_ns if r <= utc_ns)
+
+    def to_domain(self, utc_ns: int) -> int:
+        elapsed = utc_ns - self.start_ns
+        return (utc_ns + self.offset_ns + round(elapsed * self.drift_ppm * 1e-6)
+                - self.epoch(utc_ns) * self.reset_jump_ns)
+
+
+@dataclass(frozen=True, slots=True)
+class BeaconNoise:
+    """Round trips of a beacon: log-uniform between the bounds, split at random between
+    the way there and back (an asymmetric split is what makes a midpoint wrong)."""
+
+    min_rtt_ns: int = 20_000
+    max_rtt_ns: int = 2_000_000
+
+    def beacon(self, rng: random.Random, node: str, clock: str, truth: DomainClock, utc_ns: int) -> ClockBeacon:
+        rtt = round(math.exp(rng.uniform(math.log(self.min_rtt_ns), math.log(self.max_rtt_ns))))
+        there = rng.randrange(rtt + 1)
+        return ClockBeacon(node, clock, truth.to_domain(utc_ns), utc_ns - there, utc_ns - there + rtt)
+
+
+@dataclass(frozen=True, slots=True)
+class ClockParams:
+    """Estimator settings.
+
+    ``window``: beacons kept; ``best``: how many of the shortest round trips the fit
+    uses; ``max_rtt_ns``: longer round trips are ignored outright; ``min_span_ns``:
+    the domain time the fitted beacons must span before drift is estimated;
+    ``outlier_k``: a point whose residual exceeds k times its half round trip (plus
+    ``floor_ns``) is dropped from the fit.
+    """
+
+    window: int = 64
+    best: int = 24
+    max_rtt_ns: int = 10_000_000
+    min_span_ns: int = 5 * _NS
+    outlier_k: float = 3.0
+    floor_ns: int = 20_000
+
+    def __post_init__(self) -> None:
+        if self.window < 2 or not 1 <= self.best <= self.window:
+            raise ValueError("window must be >= 2 and 1 <= best <= window")
+
+
+@dataclass(frozen=True, slots=True)
+class ClockFit:
+    """``utc = domain + base_ns + offset_ns + drift * (domain - ref_ns)``; ``uncertainty_ns`` bounds the error."""
+
+    base_ns: int
+    offset_ns: float
+    drift: float
+    ref_ns: int
+    uncertainty_ns: int
+    epoch: int
+
+    def to_utc(self, domain_ns: int) -> int:
+        return domain_ns + self.base_ns + round(self.offset_ns + self.drift * (domain_ns - self.ref_ns))
+
+
+@dataclass(slots=True)
+class ClockEstimator:
+    """Online offset and drift of one (node, clock domain) against UTC.
+
+    >>> est = ClockEstimator(ClockParams())
+    >>> est.fit is None
+    True
+    >>> est.add(ClockBeacon("n", "nvml:n", 5_000, 1_000_000, 1_000_040))
+    True
+    >>> est.fit.to_utc(5_000), est.fit.uncertainty_ns
+    (1000020, 20)
+    """
+
+    params: ClockParams
+    beacons: deque[ClockBeacon] = field(default_factory=deque)
+    fit: ClockFit | None = None
+    epoch: int = 0
+    last_domain_ns: int | None = None
+    last_utc_ns: int | None = None
+
+    def add(self, b: ClockBeacon) -> bool:
+        """Take a beacon; False if it was ignored (round trip too long or out of order)."""
+        rtt = b.utc_after_ns - b.utc_before_ns
+        if rtt < 0 or rtt > self.params.max_rtt_ns:
+            return False
+        if self.last_utc_ns is not None and b.utc_after_ns <= self.last_utc_ns:
+            return False  # a stale or replayed beacon: the estimate already saw later ones
+        if self.last_domain_ns is not None and b.domain_ns < self.last_domain_ns:
+            # UTC moved on but the domain went back: it restarted. Old beacons describe
+            # another epoch and would poison the fit.
+            self.beacons.clear()
+            self.epoch += 1
+        self.last_domain_ns, self.last_utc_ns = b.domain_ns, b.utc_after_ns
+        self.beacons.append(b)
+        while len(self.beacons) > self.params.window:
+            self.beacons.popleft()
+        self.fit = self._fit()
+        return True
+
+    def _fit(self) -> ClockFit:
+        p = self.params
+        best = sorted(self.beacons, key=lambda x: x.utc_after_ns - x.utc_before_ns)[: p.best]
+        first = best[0]
+        ref = first.domain_ns
+        # Offsets are ~1e18 for a monotonic clock: fit in floats relative to an integer base.
+        base = first.utc_before_ns - first.domain_ns
+        pts = [(float(b.domain_ns - ref), (b.utc_before_ns - b.domain_ns - base) + (b.utc_after_ns - b.utc_before_ns) / 2,
+                max((b.utc_after_ns - b.utc_before_ns) / 2, 1.0)) for b in best]
+        kept = _consensus(pts, p)
+        a, slope = _weighted_line(kept, p.min_span_ns)
+        # The error of a weighted mean of points each within +-h: about h_eff / sqrt(n),
+        # never better than the best single beacon's own bound divided by that.
+        h_eff = 1.0 / math.sqrt(sum(1.0 / (h * h) for _, _, h in kept))
+        uncertainty = max(1, round(h_eff * (1.0 if len(kept) == 1 else 2.0)))
+        return ClockFit(base, a, slope, ref, min(uncertainty, round(min(h for _, _, h in kept))), self.epoch)
+
+
+def _consensus(pts: list[tuple[float, float, float]], p: ClockParams) -> list[tuple[float, float, float]]:
+    """The points that agree with the robust trend (Theil-Sen slope, median level).
+
+    A least-squares fit would let one beacon with a tiny round trip but a wrong domain
+    reading (the reading thread was preempted) drag every other point; medians do not.
+    """
+    if len(pts) < 3:
+        return pts
+    xs = [x for x, _, _ in pts]
+    slope = 0.0
+    if max(xs) - min(xs) >= p.min_span_ns:
+        pairs = [(yj - yi) / (xj - xi) for i, (xi, yi, _) in enumerate(pts) for xj, yj, _ in pts[i + 1:]
+                 if abs(xj - xi) >= _NS]
+        if pairs:
+            slope = statistics.median(pairs)
+    resid = [y - slope * x for x, y, _ in pts]
+    center = statistics.median(resid)
+    spread = 3 * 1.4826 * statistics.median(abs(r - center) for r in resid)
+    kept = [pt for pt, r in zip(pts, resid, strict=True)
+            if abs(r - center) <= max(p.outlier_k * pt[2] + p.floor_ns, spread)]
+    return kept or pts
+
+
+def _weighted_line(pts: list[tuple[float, float, float]], min_span_ns: int) -> tuple[float, float]:
+    """Weighted least squares y = a + b x with weights 1/h^2; b = 0 while x spans too little."""
+    w = [1.0 / (h * h) for _, _, h in pts]
+    sw = sum(w)
+    mx = sum(wi * x for wi, (x, _, _) in zip(w, pts, strict=True)) / sw
+    my = sum(wi * y for wi, (_, y, _) in zip(w, pts, strict=True)) / sw
+    xs = [x for x, _, _ in pts]
+    if max(xs) - min(xs) < min_span_ns:
+        return my, 0.0
+    sxx = sum(wi * (x - mx) ** 2 for wi, (x, _, _) in zip(w, pts, strict=True))
+    sxy = sum(wi * (x - mx) * (y - my) for wi, (x, y, _) in zip(w, pts, strict=True))
+    slope = sxy / sxx if sxx > 0 else 0.0
+    return my - slope * mx, slope
