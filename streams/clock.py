@@ -150,8 +150,8 @@ class ClockEstimator:
         ref = first.domain_ns
         # Offsets are ~1e18 for a monotonic clock: fit in floats relative to an integer base.
         base = first.utc_before_ns - first.domain_ns
-        pts = [(float(b.domain_ns - ref), (b.utc_before_ns - b.domain_ns - base) + (b.utc_after_ns - b.utc_before_ns) / 2,
-                max((b.utc_after_ns - b.utc_before_ns) / 2, 1.0)) for b in best]
+        pts = [(float(b.domain_ns - ref), (b.utc_before_ns - b.domain_ns - base) + b.round_trip_ns / 2,
+                max(b.round_trip_ns / 2, 1.0)) for b in best]
         kept = _consensus(pts, p)
         a, slope = _weighted_line(kept, p.min_span_ns)
         # The error of a weighted mean of points each within +-h: about h_eff / sqrt(n),
