@@ -404,6 +404,13 @@ class GridAligner:
         if (same & (ts[1:] <= ts[:-1])).any():
             order = np.lexsort((v, ts, sid))
             sid, tick, ts, v = sid[order], tick[order], ts[order], v[order]
+            # An exact duplicate (same series, instant and value: a redelivery, a
+            # collector retry) counts once.
+            dup = np.zeros(len(sid), bool)
+            dup[1:] = (sid[1:] == sid[:-1]) & (ts[1:] == ts[:-1]) & (v[1:] == v[:-1])
+            if dup.any():
+                keep = ~dup
+                sid, tick, ts, v = sid[keep], tick[keep], ts[keep], v[keep]
         n = len(sid)
         new_series = np.empty(n, bool)
         new_series[0] = True
