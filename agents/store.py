@@ -131,4 +131,5 @@ def _frame_columns(batches: list[FrameBatch]) -> Columns:
         cols[c] = np.concatenate([b.values[c] for b in batches])
     for c in ddl.COUNT_COLS:
         cols[c] = np.concatenate([b.counts[c] for b in batches])
+    cols["clock_uncertainty_us"] = np.concatenate([b.clock_uncertainty_ns for b in batches]) / 1000.0
     return cols

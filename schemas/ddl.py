@@ -30,7 +30,7 @@ INT_LABEL_COLS: Final = frozenset({"rank", "pid"})
 VALUE_COLS: Final = tuple(col for _, _, col in value_columns())
 COUNT_COLS: Final = tuple(s.count_column for s in CATALOG)
 # Insert order of gpu_frames; ``ts`` is epoch milliseconds on the wire for both layouts.
-FRAME_COLUMNS: Final = ("ts", "node", "gpu", *LABEL_COLS, *VALUE_COLS, *COUNT_COLS)
+FRAME_COLUMNS: Final = ("ts", "node", "gpu", *LABEL_COLS, *VALUE_COLS, *COUNT_COLS, "clock_uncertainty_us")
 DERIVED_COLS: Final = ("tflops", "flops_per_watt", "cost_per_tflops")
 EVENT_COLUMNS: Final = ("ts", "node", "type", "reason", "kind", "namespace", "pod", "workload", "gpus", "message",
                         "kafka_topic", "kafka_partition", "kafka_offset")
@@ -53,6 +53,8 @@ def gpu_frames(db: str, layout: Layout = "current", ttl_days: int = 400) -> str:
     fcodec = " CODEC(Gorilla, ZSTD(1))" if cur else ""
     cols += [f"{c} Nullable(Float64){fcodec}" for c in VALUE_COLS]
     cols += [f"{c} UInt32" + (" CODEC(T64, ZSTD(1))" if cur else "") for c in COUNT_COLS]
+    # How far a frame's sample times may be off after clock correction (0: all in UTC).
+    cols += ["clock_uncertainty_us Float64"]
     cols += [f"{c} Nullable(Float64)" for c in DERIVED_COLS]
     body = ",\n  ".join(cols)
     if cur:

@@ -96,6 +96,7 @@ class FrameBatch:
     labels: list[Labels]
     values: dict[str, F64]
     counts: dict[str, I64]
+    clock_uncertainty_ns: I64  # per frame, the largest uncertainty of a clock correction it used
 
     def __len__(self) -> int:
         return len(self.node)
@@ -194,6 +195,7 @@ class GridAligner:
         self._p_len: list[int] = []
         self._p_src: list[int] = []
         self._p_pos: list[int] = []
+        self._p_unc: list[int] = []
         self._late_store: list[LateSamples] = []  # late samples found outside advance()
         # Samples of open cells.
         self._o_sid: I64 = _empty_i64()
@@ -202,6 +204,7 @@ class GridAligner:
         self._o_v: F64 = _empty_f64()
         self._o_src: I64 = _empty_i64()
         self._o_pos: I64 = _empty_i64()
+        self._o_unc: I64 = _empty_i64()
 
     # -- input ---------------------------------------------------------------------------
     def _node_id(self, node: str) -> int:
@@ -232,8 +235,12 @@ class GridAligner:
         return sid
 
     def add(self, node: str, gpu: str, sensor_index: int, ts_ns: Sequence[int], values: Sequence[float],
-            labels: Labels | None = None, source: Hashable = None, position: int = 0) -> None:
-        """Queue one series' samples; ``advance`` places them (or reports them late)."""
+            labels: Labels | None = None, source: Hashable = None, position: int = 0,
+            uncertainty_ns: int = 0) -> None:
+        """Queue one series' samples; ``advance`` places them (or reports them late).
+
+        ``uncertainty_ns`` is how far off the samples' times may be after clock correction.
+        """
         nid = self._nodes.get(node)
         if nid is None:
             nid = self._node_id(node)
@@ -253,6 +260,7 @@ class GridAligner:
         self._p_len.append(len(ts_ns))
         self._p_src.append(src)
         self._p_pos.append(position)
+        self._p_unc.append(uncertainty_ns)
 
     def _take_pending(self) -> list[LateSamples]:
         if not self._p_len:
@@ -263,9 +271,10 @@ class GridAligner:
         sid = np.repeat(np.array(self._p_sid, np.int64), lens)
         src = np.repeat(np.array(self._p_src, np.int64), lens)
         pos = np.repeat(np.array(self._p_pos, np.int64), lens)
+        unc = np.repeat(np.array(self._p_unc, np.int64), lens)
         msg_src, msg_pos = self._p_src, self._p_pos
         self._p_ts, self._p_v = array("q"), array("d")
-        self._p_sid, self._p_len, self._p_src, self._p_pos = [], [], [], []
+        self._p_sid, self._p_len, self._p_src, self._p_pos, self._p_unc = [], [], [], [], []
         if len(self._series_max) < len(self._s_node):
             grown = np.full(len(self._s_node), _NO_TS, np.int64)
             grown[: len(self._series_max)] = self._series_max
@@ -283,6 +292,7 @@ class GridAligner:
                 out.append(LateSamples(self._source_keys[msg_src[m]], msg_pos[m], rel, int(lens[m])))
             keep = ~late
             ts, v, sid, src, pos, tick = ts[keep], v[keep], sid[keep], src[keep], pos[keep], tick[keep]
+            unc = unc[keep]
         np.maximum.at(self._series_max, sid, ts)
         self._o_sid = np.concatenate((self._o_sid, sid))
         self._o_tick = np.concatenate((self._o_tick, tick))
@@ -290,6 +300,7 @@ class GridAligner:
         self._o_v = np.concatenate((self._o_v, v))
         self._o_src = np.concatenate((self._o_src, src))
         self._o_pos = np.concatenate((self._o_pos, pos))
+        self._o_unc = np.concatenate((self._o_unc, unc))
         return out
 
     # -- output --------------------------------------------------------------------------
@@ -385,32 +396,34 @@ class GridAligner:
             return self._empty_batch()
         keep = ~done
         sid, tick, ts, v = self._o_sid[done], self._o_tick[done], self._o_ts[done], self._o_v[done]
+        unc = self._o_unc[done]
         self._o_sid, self._o_tick, self._o_ts = self._o_sid[keep], self._o_tick[keep], self._o_ts[keep]
         self._o_v, self._o_src, self._o_pos = self._o_v[keep], self._o_src[keep], self._o_pos[keep]
-        return self._aggregate(sid, tick, ts, v)
+        self._o_unc = self._o_unc[keep]
+        return self._aggregate(sid, tick, ts, v, unc)
 
     def _empty_batch(self) -> FrameBatch:
         return FrameBatch(_empty_i64(), [], [], [], {c: _empty_f64() for c in VALUE_COLUMNS},
-                          {c: _empty_i64() for c in COUNT_COLUMNS})
+                          {c: _empty_i64() for c in COUNT_COLUMNS}, _empty_i64())
 
-    def _aggregate(self, sid: I64, tick: I64, ts: I64, v: F64) -> FrameBatch:
+    def _aggregate(self, sid: I64, tick: I64, ts: I64, v: F64, unc: I64) -> FrameBatch:
         # Sort by series, then time, then value (ties on an instant: the largest value is last).
         # Each series usually arrives in time order, so a stable sort on the series id alone
         # (a radix sort for small ids) is enough; check, and sort fully only if not.
         key = sid.astype(np.uint16) if len(self._s_node) < 2**16 else sid
         order = np.argsort(key, kind="stable")
-        sid, tick, ts, v = sid[order], tick[order], ts[order], v[order]
+        sid, tick, ts, v, unc = sid[order], tick[order], ts[order], v[order], unc[order]
         same = sid[1:] == sid[:-1]
         if (same & (ts[1:] <= ts[:-1])).any():
             order = np.lexsort((v, ts, sid))
-            sid, tick, ts, v = sid[order], tick[order], ts[order], v[order]
+            sid, tick, ts, v, unc = sid[order], tick[order], ts[order], v[order], unc[order]
             # An exact duplicate (same series, instant and value: a redelivery, a
             # collector retry) counts once.
             dup = np.zeros(len(sid), bool)
             dup[1:] = (sid[1:] == sid[:-1]) & (ts[1:] == ts[:-1]) & (v[1:] == v[:-1])
             if dup.any():
                 keep = ~dup
-                sid, tick, ts, v = sid[keep], tick[keep], ts[keep], v[keep]
+                sid, tick, ts, v, unc = sid[keep], tick[keep], ts[keep], v[keep], unc[keep]
         n = len(sid)
         new_series = np.empty(n, bool)
         new_series[0] = True
@@ -467,6 +480,8 @@ class GridAligner:
             for agg in s.aggs:
                 src = last if (agg == "last" and s.kind == "counter") else by_agg[agg]
                 values[s.column(agg)][rows] = src[mask]
+        frame_unc = np.zeros(nf, np.int64)
+        np.maximum.at(frame_unc, inverse, np.maximum.reduceat(unc, starts))
         names = self._pair_names
         pairs = f_pair.tolist()
         return FrameBatch(
@@ -476,6 +491,7 @@ class GridAligner:
             labels=[self._labels.get(p, {}) for p in pairs],
             values=values,
             counts=counts,
+            clock_uncertainty_ns=frame_unc,
         )
 
     # -- bookkeeping ---------------------------------------------------------------------
@@ -524,4 +540,4 @@ class GridAligner:
 _REGISTRY: Final = ("_late_store", "_nodes", "_node_names", "_node_closed", "_node_touched", "_node_last_input",
                     "_pairs", "_pair_names", "_series", "_s_node", "_s_pair", "_s_sensor", "_series_max", "_labels",
                     "_counter_prev", "_sources", "_source_keys")
-_ROWS: Final = ("_o_sid", "_o_tick", "_o_ts", "_o_v", "_o_src", "_o_pos")
+_ROWS: Final = ("_o_sid", "_o_tick", "_o_ts", "_o_v", "_o_src", "_o_pos", "_o_unc")

@@ -13,6 +13,7 @@ reboot or a process restart resets a monotonic clock).
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 import statistics
@@ -83,6 +84,7 @@ class ClockParams:
     min_span_ns: int = 5 * _NS
     outlier_k: float = 3.0
     floor_ns: int = 20_000
+    history: int = 3_600  # fits a DomainTrack keeps for placing samples (one per beacon)
 
     def __post_init__(self) -> None:
         if self.window < 2 or not 1 <= self.best <= self.window:
@@ -197,3 +199,59 @@ def _weighted_line(pts: list[tuple[float, float, float]], min_span_ns: int) -> t
     sxy = sum(wi * (x - mx) * (y - my) for wi, (x, y, _) in zip(w, pts, strict=True))
     slope = sxy / sxx if sxx > 0 else 0.0
     return my - slope * mx, slope
+
+
+@dataclass(slots=True)
+class DomainTrack:
+    """A domain's beacons in arrival order with the fit after each, for placing samples
+    deterministically: a sample is corrected with the fit of the first beacon read after
+    it (interpolation, not extrapolation), which depends only on the beacons' order in
+    Kafka, so a replay after a crash places every sample exactly where it was.
+
+    ``position`` of a beacon is its Kafka offset; ``pin`` of a fit is the offset of the
+    oldest beacon its window holds: replaying from there rebuilds that same fit.
+
+    >>> t = DomainTrack(ClockParams())
+    >>> t.add(ClockBeacon("n", "d", 1_000, 5_000, 5_040), position=7)
+    >>> t.fit_for(900)[0].to_utc(900), t.fit_for(900)[1]
+    (4920, 7)
+    >>> t.fit_for(1_001) is None  # no beacon after it yet: wait
+    True
+    """
+
+    params: ClockParams
+    estimator: ClockEstimator = field(init=False)
+    domain_ns: list[int] = field(default_factory=list)  # per fit, the domain time of its beacon
+    fits: list[tuple[ClockFit, int]] = field(default_factory=list)
+    positions: deque[int] = field(default_factory=deque)  # of the beacons in the estimator's window
+
+    def __post_init__(self) -> None:
+        self.estimator = ClockEstimator(self.params)
+
+    def add(self, b: ClockBeacon, position: int) -> None:
+        epoch = self.estimator.epoch
+        if not self.estimator.add(b):
+            return
+        if self.estimator.epoch != epoch:  # reset: fits of the old epoch cannot place new samples
+            self.domain_ns.clear()
+            self.fits.clear()
+            self.positions.clear()
+        self.positions.append(position)
+        while len(self.positions) > len(self.estimator.beacons):
+            self.positions.popleft()
+        fit = self.estimator.fit
+        assert fit is not None
+        self.domain_ns.append(b.domain_ns)
+        self.fits.append((fit, self.positions[0]))
+        if len(self.fits) > self.params.history:  # bounded: a sample older than this is late anyway
+            del self.domain_ns[0]
+            del self.fits[0]
+
+    def fit_for(self, domain_ns: int) -> tuple[ClockFit, int] | None:
+        """The fit for a sample at ``domain_ns`` and the offset it pins; None until a later beacon."""
+        i = bisect.bisect_left(self.domain_ns, domain_ns)
+        return self.fits[i] if i < len(self.fits) else None
+
+    @property
+    def latest(self) -> ClockFit | None:
+        return self.fits[-1][0] if self.fits else None
