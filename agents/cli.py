@@ -122,7 +122,7 @@ async def _stop_when_idle(ingestor: Any, stop: asyncio.Event, idle_s: float) -> 
         st = ingestor.stats
         if st.messages != last or st.lag != 0:
             last, since = st.messages, time.monotonic()
-        elif st.open_cells == 0 and time.monotonic() - since >= idle_s:
+        elif st.open_cells == 0 and st.held == 0 and time.monotonic() - since >= idle_s:
             stop.set()
 
 

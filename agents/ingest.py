@@ -26,8 +26,9 @@ import asyncio
 import concurrent.futures
 import logging
 import time
+from array import array
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,8 +45,9 @@ from agents.store import FrameStore, Pending, Progress
 from agents.topics import Topics, aiokafka_config
 from schemas.catalog import CATALOG
 from schemas.codec import TimeLimits, decode_beacon, decode_k8s_event, decode_samples
-from schemas.records import UTC_CLOCK, Reject, RejectReason
+from schemas.records import UTC_CLOCK, Reject, RejectReason, SampleBatch
 from streams.align import GridAligner, LateSamples, Recovered
+from streams.clock import ClockParams, DomainTrack
 
 log = logging.getLogger(__name__)
 _SENSOR, _EVENTS, _CLOCK = 0, 1, 2
@@ -70,6 +72,7 @@ class IngestStats:
     lag: int | None = None  # records behind the end of the assigned partitions; None: not known yet
     flushes: int = 0
     open_cells: int = 0
+    held: int = 0  # clock-domain sample messages waiting for a beacon
     first_record_ns: int = 0  # monotonic; for throughput figures
     last_record_ns: int = 0
 
@@ -77,7 +80,17 @@ class IngestStats:
         return {"messages": self.messages, "samples": self.samples, "frames_written": self.frames_written,
                 "events_written": self.events_written, "beacons": self.beacons,
                 "replayed_dropped": self.replayed_dropped, "rejects": dict(self.rejects), "lag": self.lag,
-                "flushes": self.flushes, "open_cells": self.open_cells}
+                "flushes": self.flushes, "open_cells": self.open_cells, "held": self.held}
+
+
+@dataclass(slots=True)
+class _Held:
+    """A sample message in a clock domain, waiting for a beacon read after it."""
+
+    rec: ConsumerRecord[bytes, bytes]
+    batch: SampleBatch
+    sensor: int
+    since: float
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -118,6 +131,12 @@ class Ingestor:
         # Records handed to an aligner since its last advance, by (partition, topic index, offset):
         # a late verdict comes back from advance() and needs the original bytes.
         self._waiting: dict[int, dict[tuple[int, int], ConsumerRecord[bytes, bytes]]] = {}
+        # Clock domains per partition: beacons and fits, samples waiting for a beacon after
+        # them, and the beacon offsets that placed samples still depend on (for commits).
+        self._domains: dict[int, dict[tuple[str, str], DomainTrack]] = {}
+        self._held: dict[int, list[_Held]] = {}
+        self._placed: dict[int, list[tuple[int, int, int]]] = {}  # (topic index, offset, beacon pin)
+        self._clock_params = ClockParams()
         self._progress = Progress(Recovered())
         self._dirty = False
         self._lock = asyncio.Lock()
@@ -149,6 +168,9 @@ class Ingestor:
             for p in {tp.partition for tp in revoked}:
                 self._aligners.pop(p, None)
                 self._unheard.pop(p, None)
+                self._domains.pop(p, None)
+                self._held.pop(p, None)
+                self._placed.pop(p, None)
             for tp in revoked:
                 self._waiting.pop(tp.partition, None)
                 self._next.pop(tp, None)
@@ -202,6 +224,7 @@ class Ingestor:
                         await self._update_lag(consumer)
             async with self._lock:
                 if drain:
+                    self._place_held()
                     for p, aligner in self._aligners.items():
                         adv = aligner.flush_all()
                         self._store.add_frames(adv.frames)
@@ -245,11 +268,11 @@ class Ingestor:
                     if isinstance(res, Reject):
                         dlq.send(res, rec.value, rec.key, tp.topic, tp.partition, rec.offset, rec.headers)
                         continue
-                    if res.clock != UTC_CLOCK:
-                        dlq.send(Reject(RejectReason.NO_CLOCK, f"no offset estimate for clock {res.clock!r}"),
-                                 rec.value, rec.key, tp.topic, tp.partition, rec.offset, rec.headers)
-                        continue
                     stats.samples += len(res.ts_ns)
+                    if res.clock != UTC_CLOCK:
+                        # Never placed on a guessed time: wait for a beacon read after it.
+                        self._held.setdefault(tp.partition, []).append(_Held(rec, res, si, time.monotonic()))
+                        continue
                     if res.ts_ns[-1] > tp_max:
                         tp_max = res.ts_ns[-1]
                     aligner.add(res.node, res.gpu, si, res.ts_ns, res.value, res.labels, si, rec.offset)
@@ -270,6 +293,11 @@ class Ingestor:
                         dlq.send(beacon, rec.value, rec.key, tp.topic, tp.partition, rec.offset, rec.headers)
                     else:
                         stats.beacons += 1
+                        tracks = self._domains.setdefault(tp.partition, {})
+                        track = tracks.get((beacon.node, beacon.clock))
+                        if track is None:
+                            track = tracks[(beacon.node, beacon.clock)] = DomainTrack(self._clock_params)
+                        track.add(beacon, rec.offset)
             self._next[tp] = records[-1].offset + 1
             unheard = self._unheard.get(tp.partition)
             if unheard:
@@ -326,10 +354,54 @@ class Ingestor:
                 hold[tp.partition] = ts
         return hold
 
+    def _place_held(self) -> dict[int, int]:
+        """Correct and place held samples whose domain has a beacon after them; dead-letter the
+        ones that waited too long; return, per partition, the event time still held back."""
+        assert self._dlq is not None
+        hold: dict[int, int] = {}
+        wait_s = self.settings.clock_wait_s
+        now = time.monotonic()
+        for p, held in list(self._held.items()):
+            aligner = self._aligners.get(p)
+            if aligner is None:
+                continue
+            tracks = self._domains.get(p, {})
+            keep: list[_Held] = []
+            for h in held:
+                b = h.batch
+                track = tracks.get((b.node, b.clock))
+                found = track.fit_for(max(b.ts_ns)) if track is not None else None
+                if found is not None:
+                    fit, pin = found
+                    base = fit.base_ns
+                    utc = array("q", [t + base + round(fit.offset_ns + fit.drift * (t - fit.ref_ns)) for t in b.ts_ns])
+                    aligner.add(b.node, b.gpu, h.sensor, utc, b.value, b.labels, h.sensor, h.rec.offset,
+                                fit.uncertainty_ns)
+                    self._waiting.setdefault(p, {})[(h.sensor, h.rec.offset)] = h.rec
+                    self._placed.setdefault(p, []).append((h.sensor, h.rec.offset, pin))
+                elif now - h.since > wait_s:
+                    topic = self.topics.sensor(h.sensor)
+                    self._dlq.send(Reject(RejectReason.NO_CLOCK, f"no clock.sync beacon of {b.clock!r} on {b.node} "
+                                          f"after these samples within {wait_s:g} s"), h.rec.value, h.rec.key,
+                                   topic, p, h.rec.offset, h.rec.headers)
+                    self.stats.rejects = self._dlq.counts
+                else:
+                    keep.append(h)
+                    latest = track.latest if track is not None else None
+                    if latest is not None:  # a good guess of where it will land: cells there stay open
+                        guess = latest.to_utc(min(b.ts_ns))
+                        hold[p] = min(hold.get(p, guess), guess)
+            self._held[p] = keep
+        self.stats.held = sum(len(h) for h in self._held.values())
+        return hold
+
     def _advance(self) -> None:
         assert self._store is not None
         now = self._clock_ns()
+        held = self._place_held()
         hold = self._source_holds()
+        for p, ts in held.items():
+            hold[p] = min(hold.get(p, ts), ts)
         for p, aligner in self._aligners.items():
             if p in self._unheard:
                 continue
@@ -367,9 +439,17 @@ class Ingestor:
         assigned = consumer.assignment()
         for tp in [tp for tp in self._next if tp not in assigned]:
             del self._next[tp]  # gone without a revoke (its topic was deleted): nothing to commit there
+        beacon_pins = self._beacon_pins(oldest)
         for tp, nxt in self._next.items():
             kind, si = self._route[tp.topic]
-            held = oldest.get(tp.partition, {}).get(si) if kind == _SENSOR else None
+            held: int | None = None
+            if kind == _SENSOR:
+                held = oldest.get(tp.partition, {}).get(si)
+                for h in self._held.get(tp.partition, ()):
+                    if h.sensor == si and (held is None or h.rec.offset < held):
+                        held = h.rec.offset
+            elif kind == _CLOCK:
+                held = beacon_pins.get(tp.partition)
             commit[tp] = nxt if held is None else min(nxt, held)
         consumed = {(tp.topic, tp.partition): nxt for tp, nxt in self._next.items()}
         pending = store.detach()
@@ -399,6 +479,22 @@ class Ingestor:
         st.flushes += 1
         if self._on_flush is not None:
             self._on_flush(st)
+
+    def _beacon_pins(self, oldest: dict[int, dict[Hashable, int]]) -> dict[int, int]:
+        """Per partition, the oldest clock.sync offset a replay needs to rebuild every fit still in use:
+        fits of samples in open cells, and the newest fit of every domain (for samples to come)."""
+        pins: dict[int, int] = {}
+        for p, placed in self._placed.items():
+            open_from = oldest.get(p, {})
+            placed[:] = [x for x in placed if x[1] >= open_from.get(x[0], x[1] + 1)]
+            for _, _, pin in placed:
+                pins[p] = min(pins.get(p, pin), pin)
+        for p, tracks in self._domains.items():
+            for track in tracks.values():
+                if track.fits:
+                    pin = track.fits[-1][1]
+                    pins[p] = min(pins.get(p, pin), pin)
+        return pins
 
     async def _settle(self) -> None:
         task, self._inflight = self._inflight, None

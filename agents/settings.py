@@ -116,6 +116,8 @@ class Settings:
     """UTC samples older than this are rejected ``too_old``; FLOPWATCH_MAX_AGE_S."""
     max_future_s: float = 300.0
     """UTC samples further ahead than this are rejected ``too_new``; FLOPWATCH_MAX_FUTURE_S."""
+    clock_wait_s: float = 10.0
+    """How long a clock-domain sample waits for a later beacon before ``no_clock``; FLOPWATCH_CLOCK_WAIT_S."""
     flush_interval_ms: int = 1000
     """Longest time frames wait before a ClickHouse insert; FLOPWATCH_FLUSH_INTERVAL_MS."""
     flush_rows: int = 20000
@@ -210,7 +212,7 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path 
 
 
 _POSITIVE = ("partitions", "replication", "flush_interval_ms", "flush_rows", "max_poll_records", "grid_ms",
-             "idle_series_s", "idle_flush_s", "max_age_s", "max_future_s", "clickhouse_port")
+             "idle_series_s", "idle_flush_s", "max_age_s", "max_future_s", "clickhouse_port", "clock_wait_s")
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -12,12 +13,14 @@ from agents.producer import SampleProducer
 from agents.settings import Settings
 from agents.topics import Topics
 from schemas.catalog import BY_NAME
-from schemas.codec import encode_batch, encode_k8s_event, encode_sample
+from schemas.codec import encode_batch, encode_beacon, encode_k8s_event, encode_sample
 from schemas.records import SampleBatch
-from streams.simulate import ClusterSimulator, SimParams
+from streams.clock import BeaconNoise, DomainClock
+from streams.simulate import NVML_SENSORS, ClusterSimulator, SimParams, node_name
 
 log = logging.getLogger(__name__)
 _S = 1_000_000_000
+_NVML_SENSORS = len(NVML_SENSORS)  # catalog indices below this come from the GPU driver
 
 
 @dataclass(slots=True)
@@ -47,7 +50,8 @@ class SimulatorPublisher:
     rejects); the good stream is unchanged, so frames stay exact.
     """
 
-    def __init__(self, settings: Settings, params: SimParams, batch_size: int = 100, bad_every: int = 0) -> None:
+    def __init__(self, settings: Settings, params: SimParams, batch_size: int = 100, bad_every: int = 0,
+                 clock_domains: bool = False) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self.params = params
@@ -59,11 +63,27 @@ class SimulatorPublisher:
         self.stats = PublishStats()
         self._topic_of = {name: self.topics.sensor(s.index) for name, s in BY_NAME.items()}
         self.until_ns = params.start_ns  # event time published so far
+        # With clock domains, each node's NVML streams are stamped by a GPU clock with a
+        # known offset (-2..+2 s) and drift (up to 100 ppm), and beacons go to clock.sync.
+        self.clocks: dict[str, DomainClock] = {}
+        if clock_domains:
+            rng = random.Random(f"{params.seed}:clocks")
+            for i in range(params.nodes):
+                self.clocks[node_name(i)] = DomainClock(rng.randint(-2 * _S, 2 * _S), rng.uniform(-100.0, 100.0),
+                                                        params.start_ns)
+        self._beacon_rng = random.Random(f"{params.seed}:beacons")
+        self._noise = BeaconNoise()
+        self._next_beacon_s = params.start_ns // _S
 
     def _publish(self, until_ns: int) -> None:
         self.until_ns = until_ns
         st, send = self.stats, self.producer.send
+        self._beacons(until_ns)
         for batch in self.sim.advance(until_ns):
+            truth = self.clocks.get(batch.node)
+            if truth is not None and BY_NAME[batch.sensor].index < _NVML_SENSORS:
+                batch = SampleBatch(batch.sensor, batch.node, batch.gpu, [truth.to_domain(t) for t in batch.ts_ns],
+                                    batch.value, f"nvml:{batch.node}", batch.labels)
             topic, key = self._topic_of[batch.sensor], batch.node
             for msg in batch_messages(batch, self.batch_size):
                 send(topic, msg, key)
@@ -91,8 +111,24 @@ class SimulatorPublisher:
         while t < end:
             t = min(end, t + int(chunk_s * _S))
             self._publish(t)
+        self._beacons(t + 1, final=True)  # a beacon after the last samples, so they can all be placed
         self.producer.flush()
         return self.stats
+
+    def _beacons(self, until_ns: int, final: bool = False) -> None:
+        """One beacon per node and second of event time, read at a random instant in that second."""
+        if not self.clocks:
+            return
+        reads: list[int] = []
+        while self._next_beacon_s * _S < until_ns:
+            reads.append(self._next_beacon_s * _S + self._beacon_rng.randrange(_S))
+            self._next_beacon_s += 1
+        if final:
+            reads.append(until_ns)
+        for read in reads:
+            for node, truth in self.clocks.items():
+                b = self._noise.beacon(self._beacon_rng, node, f"nvml:{node}", truth, read)
+                self.producer.send(self.topics.clock_sync, encode_beacon(b), node)
 
     def live(self, duration_s: float, stop: threading.Event | None = None, step_s: float = 0.1,
              clock_ns: Callable[[], int] = time.time_ns,

@@ -1,0 +1,49 @@
+"""Samples stamped by skewed, drifting GPU clocks land on the right UTC grid cells."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from agents.clickhouse import open_backend
+from agents.settings import Settings
+from agents.simulator import SimulatorPublisher
+from schemas.catalog import CATALOG
+from streams.simulate import SimParams
+from tests.integration.helpers import expected_frames, run_worker_until_idle, stored_frames
+
+pytestmark = pytest.mark.integration
+
+
+def test_skewed_domains_are_corrected_onto_utc(base_settings: Settings) -> None:
+    duration = 20.0
+    params = SimParams(nodes=2, gpus=1, seed=21, start_ns=time.time_ns() - int(duration * 1e9))
+    pub = SimulatorPublisher(base_settings, params, batch_size=10, clock_domains=True)
+    offsets = [abs(c.offset_ns) for c in pub.clocks.values()]
+    assert max(offsets) > 200_000_000  # skewed by far more than a cell: uncorrected, nothing would match
+    sent = pub.backlog(duration)
+
+    stats = run_worker_until_idle(base_settings)
+    assert stats["rejects"] == {} and stats["samples"] == sent.samples and stats["beacons"] > 0
+
+    want = expected_frames(params, duration)
+    got, nrows = stored_frames(base_settings)
+    assert nrows == len(got) and got.keys() == want.keys()
+    cells = [(key, s.count_column) for key in want for s in CATALOG]
+    same = sum(got[k][c] == want[k][c] for k, c in cells)
+    # A corrected time is off by microseconds: only a sample within that of a cell edge may
+    # change cells. Every sample is still counted once.
+    assert same >= 0.999 * len(cells)
+    for s in CATALOG:
+        assert sum(r[s.count_column] for r in got.values()) == sum(r[s.count_column] for r in want.values())
+    # Frames say how sure their alignment is: GPU rows used corrected times, host rows did not.
+    backend = open_backend(base_settings)
+    try:
+        _, rows = backend.rows(f"SELECT gpu = 'host', min(clock_uncertainty_us), max(clock_uncertainty_us) "
+                               f"FROM {base_settings.clickhouse_database}.gpu_frames GROUP BY gpu = 'host'")
+    finally:
+        backend.close()
+    by_kind = {bool(h): (float(lo), float(hi)) for h, lo, hi in rows}
+    assert by_kind[True] == (0.0, 0.0)
+    assert 0.0 < by_kind[False][1] <= 1000.0  # a round trip is at most 2 ms: at most 1 ms either way
