@@ -26,7 +26,6 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-from array import array
 from collections import Counter
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -52,6 +51,7 @@ from streams.clock import ClockParams, DomainTrack
 log = logging.getLogger(__name__)
 _SENSOR, _EVENTS, _CLOCK = 0, 1, 2
 COMMIT_TIMEOUT_S = 30.0
+MAX_HELD = 100_000  # clock-domain messages waiting for a beacon, per partition
 
 
 class CommitError(RuntimeError):
@@ -73,6 +73,7 @@ class IngestStats:
     flushes: int = 0
     open_cells: int = 0
     held: int = 0  # clock-domain sample messages waiting for a beacon
+    late: Counter[str] = field(default_factory=Counter)  # late samples by "node/sensor"
     first_record_ns: int = 0  # monotonic; for throughput figures
     last_record_ns: int = 0
 
@@ -80,7 +81,8 @@ class IngestStats:
         return {"messages": self.messages, "samples": self.samples, "frames_written": self.frames_written,
                 "events_written": self.events_written, "beacons": self.beacons,
                 "replayed_dropped": self.replayed_dropped, "rejects": dict(self.rejects), "lag": self.lag,
-                "flushes": self.flushes, "open_cells": self.open_cells, "held": self.held}
+                "flushes": self.flushes, "open_cells": self.open_cells, "held": self.held,
+                "late": dict(self.late)}
 
 
 @dataclass(slots=True)
@@ -271,7 +273,10 @@ class Ingestor:
                     stats.samples += len(res.ts_ns)
                     if res.clock != UTC_CLOCK:
                         # Never placed on a guessed time: wait for a beacon read after it.
-                        self._held.setdefault(tp.partition, []).append(_Held(rec, res, si, time.monotonic()))
+                        held = self._held.setdefault(tp.partition, [])
+                        if len(held) >= MAX_HELD:  # bounded: the oldest waiter gives way
+                            self._no_clock(tp.partition, held.pop(0), "the waiting list is full")
+                        held.append(_Held(rec, res, si, time.monotonic()))
                         continue
                     if res.ts_ns[-1] > tp_max:
                         tp_max = res.ts_ns[-1]
@@ -373,18 +378,11 @@ class Ingestor:
                 found = track.fit_for(max(b.ts_ns)) if track is not None else None
                 if found is not None:
                     fit, pin = found
-                    base = fit.base_ns
-                    utc = array("q", [t + base + round(fit.offset_ns + fit.drift * (t - fit.ref_ns)) for t in b.ts_ns])
-                    aligner.add(b.node, b.gpu, h.sensor, utc, b.value, b.labels, h.sensor, h.rec.offset,
-                                fit.uncertainty_ns)
+                    aligner.add(b.node, b.gpu, h.sensor, b.ts_ns, b.value, b.labels, h.sensor, h.rec.offset, fit)
                     self._waiting.setdefault(p, {})[(h.sensor, h.rec.offset)] = h.rec
                     self._placed.setdefault(p, []).append((h.sensor, h.rec.offset, pin))
                 elif now - h.since > wait_s:
-                    topic = self.topics.sensor(h.sensor)
-                    self._dlq.send(Reject(RejectReason.NO_CLOCK, f"no clock.sync beacon of {b.clock!r} on {b.node} "
-                                          f"after these samples within {wait_s:g} s"), h.rec.value, h.rec.key,
-                                   topic, p, h.rec.offset, h.rec.headers)
-                    self.stats.rejects = self._dlq.counts
+                    self._no_clock(p, h, f"none within {wait_s:g} s")
                 else:
                     keep.append(h)
                     latest = track.latest if track is not None else None
@@ -394,6 +392,14 @@ class Ingestor:
             self._held[p] = keep
         self.stats.held = sum(len(h) for h in self._held.values())
         return hold
+
+    def _no_clock(self, partition: int, h: _Held, why: str) -> None:
+        assert self._dlq is not None
+        b = h.batch
+        self._dlq.send(Reject(RejectReason.NO_CLOCK, f"no clock.sync beacon of {b.clock!r} on {b.node} after these "
+                              f"samples: {why}"), h.rec.value, h.rec.key, self.topics.sensor(h.sensor), partition,
+                       h.rec.offset, h.rec.headers)
+        self.stats.rejects = self._dlq.counts
 
     def _advance(self) -> None:
         assert self._store is not None
@@ -419,6 +425,8 @@ class Ingestor:
         if late.position < self._progress.consumed.get((topic, partition), -1):
             self.stats.replayed_dropped += len(late.indices)  # already in a written frame
             return
+        node = rec.key.decode(errors="replace") if rec.key else "?"
+        self.stats.late[f"{node}/{CATALOG[si].name}"] += len(late.indices)
         self._dlq.send(Reject(RejectReason.LATE, f"{len(late.indices)} of {late.total} samples fall in grid cells "
                               "already written"), rec.value, rec.key, topic, partition, late.position, rec.headers,
                        indices=late.indices if late.total > 1 else None)

@@ -31,7 +31,7 @@ import copy
 from array import array
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -127,6 +127,21 @@ class Advance:
     late: list[LateSamples]
 
 
+class Correction(Protocol):
+    """A clock-domain-to-UTC mapping (``streams.clock.ClockFit`` is one)."""
+
+    @property
+    def base_ns(self) -> int: ...
+    @property
+    def offset_ns(self) -> float: ...
+    @property
+    def drift(self) -> float: ...
+    @property
+    def ref_ns(self) -> int: ...
+    @property
+    def uncertainty_ns(self) -> int: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Recovered:
     """What durable storage says about a node, so a restarted aligner neither repeats nor forgets.
@@ -195,7 +210,7 @@ class GridAligner:
         self._p_len: list[int] = []
         self._p_src: list[int] = []
         self._p_pos: list[int] = []
-        self._p_unc: list[int] = []
+        self._p_fix: list[tuple[int, Correction]] = []  # (message index, its clock correction)
         self._late_store: list[LateSamples] = []  # late samples found outside advance()
         # Samples of open cells.
         self._o_sid: I64 = _empty_i64()
@@ -236,10 +251,11 @@ class GridAligner:
 
     def add(self, node: str, gpu: str, sensor_index: int, ts_ns: Sequence[int], values: Sequence[float],
             labels: Labels | None = None, source: Hashable = None, position: int = 0,
-            uncertainty_ns: int = 0) -> None:
+            correction: Correction | None = None) -> None:
         """Queue one series' samples; ``advance`` places them (or reports them late).
 
-        ``uncertainty_ns`` is how far off the samples' times may be after clock correction.
+        ``correction`` maps the samples' clock-domain times onto UTC (applied to the whole
+        poll at once in ``advance``); without it the times are UTC already.
         """
         nid = self._nodes.get(node)
         if nid is None:
@@ -260,7 +276,8 @@ class GridAligner:
         self._p_len.append(len(ts_ns))
         self._p_src.append(src)
         self._p_pos.append(position)
-        self._p_unc.append(uncertainty_ns)
+        if correction is not None:
+            self._p_fix.append((len(self._p_len) - 1, correction))
 
     def _take_pending(self) -> list[LateSamples]:
         if not self._p_len:
@@ -271,10 +288,12 @@ class GridAligner:
         sid = np.repeat(np.array(self._p_sid, np.int64), lens)
         src = np.repeat(np.array(self._p_src, np.int64), lens)
         pos = np.repeat(np.array(self._p_pos, np.int64), lens)
-        unc = np.repeat(np.array(self._p_unc, np.int64), lens)
+        unc = np.zeros(len(ts), np.int64)
+        if self._p_fix:
+            ts, unc = self._correct(ts, lens, unc)
         msg_src, msg_pos = self._p_src, self._p_pos
         self._p_ts, self._p_v = array("q"), array("d")
-        self._p_sid, self._p_len, self._p_src, self._p_pos, self._p_unc = [], [], [], [], []
+        self._p_sid, self._p_len, self._p_src, self._p_pos, self._p_fix = [], [], [], [], []
         if len(self._series_max) < len(self._s_node):
             grown = np.full(len(self._s_node), _NO_TS, np.int64)
             grown[: len(self._series_max)] = self._series_max
@@ -302,6 +321,24 @@ class GridAligner:
         self._o_pos = np.concatenate((self._o_pos, pos))
         self._o_unc = np.concatenate((self._o_unc, unc))
         return out
+
+    def _correct(self, ts: I64, lens: I64, unc: I64) -> tuple[I64, I64]:
+        """utc = t + base + round(offset + drift * (t - ref)) for the messages that carry a correction."""
+        msg = np.array([i for i, _ in self._p_fix], np.int64)
+        fixes = [c for _, c in self._p_fix]
+        per_msg = np.zeros(len(lens), bool)
+        per_msg[msg] = True
+        rows = np.repeat(per_msg, lens)
+        n = lens[msg]
+        base = np.repeat(np.array([c.base_ns for c in fixes], np.int64), n)
+        off = np.repeat(np.array([c.offset_ns for c in fixes]), n)
+        drift = np.repeat(np.array([c.drift for c in fixes]), n)
+        ref = np.repeat(np.array([c.ref_ns for c in fixes], np.int64), n)
+        t = ts[rows]
+        out = ts.copy()
+        out[rows] = t + base + np.round(off + drift * (t - ref)).astype(np.int64)
+        unc[rows] = np.repeat(np.array([c.uncertainty_ns for c in fixes], np.int64), n)
+        return out, unc
 
     # -- output --------------------------------------------------------------------------
     def watermark(self, node: str) -> int | None:

@@ -68,3 +68,34 @@ def test_sigkill_mid_run_loses_and_duplicates_nothing(any_settings: Settings, ru
     got, nrows = stored_frames(settings)
     assert nrows == len(got), f"{nrows - len(got)} duplicate rows in gpu_frames"
     assert_frames_equal(got, want)
+
+
+def test_two_workers_one_sigkilled_frames_stay_exact(native_settings: Settings) -> None:
+    """A rebalance hands the dead worker's partitions (and their open cells) to the survivor."""
+    settings = native_settings.replace(flush_interval_ms=200)
+    duration = 40.0
+    params = SimParams(nodes=6, gpus=1, seed=77, start_ns=time.time_ns() - int(duration * 1e9))
+    pub = SimulatorPublisher(settings, params, batch_size=10)
+    pub.backlog(duration / 2)
+    want = expected_frames(params, duration)
+    env = worker_env(settings)
+    first = subprocess.Popen(worker_cmd(), env=env, stderr=subprocess.PIPE, text=True)
+    second = subprocess.Popen(worker_cmd(), env=env, stderr=subprocess.DEVNULL, text=True)
+    try:
+        wait_for_stats(first, lambda st: st["frames_written"] > 0)
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+        pub.backlog(duration / 2)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            got, nrows = stored_frames(settings)
+            if len(got) >= len(want):
+                break
+            time.sleep(1.0)
+    finally:
+        for proc in (first, second):
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+    got, nrows = stored_frames(settings)
+    assert nrows == len(got), f"{nrows - len(got)} duplicate rows in gpu_frames"
+    assert_frames_equal(got, want)

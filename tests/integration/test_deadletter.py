@@ -82,7 +82,7 @@ def test_rejects_reach_the_dead_letter_topic_and_good_data_is_exact(base_setting
     producer.send(gpu_util, late, "node-00")
     producer.flush()
     stats = run_worker_until_idle(settings)
-    assert stats["rejects"] == {"late": 1}
+    assert stats["rejects"] == {"late": 1} and stats["late"] == {"node-00/gpu_util": 1}
 
     letters = read_dlq(settings, expect=len(bad) + 3)
     by_reason: dict[str, list[tuple[bytes, dict[str, str]]]] = {}

@@ -216,3 +216,18 @@ def test_params_are_validated() -> None:
         AlignParams(grid_ns=61_000_000_000)
     with pytest.raises(ValueError):
         AlignParams(allowed_lateness_ns=-1)
+
+
+def test_a_clock_correction_moves_samples_onto_utc_and_reports_its_uncertainty() -> None:
+    from streams.clock import ClockFit
+
+    p = BY_NAME["power"].index
+    a = GridAligner(AlignParams(allowed_lateness_ns=0))
+    fit = ClockFit(base_ns=T0 - 5 * GRID, offset_ns=250.0, drift=0.0, ref_ns=0, uncertainty_ns=40_000, epoch=0)
+    a.add("n", "0", p, [5 * GRID + 1, 5 * GRID + GRID // 2], [100.0, 200.0], correction=fit)  # domain times
+    a.add("n", "host", BY_NAME["host_cpu_util"].index, [T0 + 10], [50.0])
+    done = a.flush_all()
+    frames = {f.gpu: f for f in done.frames.frames()}
+    assert frames["0"].tick_ns == T0 and frames["0"].values[VALUE_COLUMNS.index("power")] == 150.0
+    unc = dict(zip(done.frames.gpu, done.frames.clock_uncertainty_ns.tolist(), strict=True))
+    assert unc == {"0": 40_000, "host": 0}
