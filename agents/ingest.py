@@ -51,7 +51,7 @@ from streams.clock import ClockParams, DomainTrack
 log = logging.getLogger(__name__)
 _SENSOR, _EVENTS, _CLOCK = 0, 1, 2
 COMMIT_TIMEOUT_S = 30.0
-MAX_HELD = 100_000  # clock-domain messages waiting for a beacon, per partition
+MAX_HELD = 100_000  # clock-domain messages waiting for a beacon, per domain
 
 
 class CommitError(RuntimeError):
@@ -93,6 +93,17 @@ class _Held:
     batch: SampleBatch
     sensor: int
     since: float
+    lo: int  # earliest and latest domain time in the message
+    hi: int
+
+
+@dataclass(slots=True)
+class _DomainWait:
+    """Messages of one (node, clock) domain waiting for a beacon, oldest first."""
+
+    items: list[_Held] = field(default_factory=list)
+    tried: int = -1  # beacons the domain had when placement was last tried
+    guess: int | None = None  # earliest UTC the waiting samples will land at, roughly
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -136,7 +147,7 @@ class Ingestor:
         # Clock domains per partition: beacons and fits, samples waiting for a beacon after
         # them, and the beacon offsets that placed samples still depend on (for commits).
         self._domains: dict[int, dict[tuple[str, str], DomainTrack]] = {}
-        self._held: dict[int, list[_Held]] = {}
+        self._held: dict[int, dict[tuple[str, str], _DomainWait]] = {}
         self._placed: dict[int, list[tuple[int, int, int]]] = {}  # (topic index, offset, beacon pin)
         self._clock_params = ClockParams()
         self._progress = Progress(Recovered())
@@ -273,13 +284,15 @@ class Ingestor:
                     stats.samples += len(res.ts_ns)
                     if res.clock != UTC_CLOCK:
                         # Never placed on a guessed time: wait for a beacon read after it.
-                        held = self._held.setdefault(tp.partition, [])
-                        if len(held) >= MAX_HELD:  # bounded: the oldest waiter gives way
-                            self._no_clock(tp.partition, held.pop(0), "the waiting list is full")
-                        held.append(_Held(rec, res, si, time.monotonic()))
+                        wait = self._held.setdefault(tp.partition, {}).setdefault((res.node, res.clock),
+                                                                                  _DomainWait())
+                        if len(wait.items) >= MAX_HELD:  # bounded: the oldest waiter gives way
+                            self._no_clock(tp.partition, wait.items.pop(0), "the waiting list is full")
+                        wait.items.append(_Held(rec, res, si, time.monotonic(), *res.span))
                         continue
-                    if res.ts_ns[-1] > tp_max:
-                        tp_max = res.ts_ns[-1]
+                    hi = res.ts_max if res.ts_max is not None else res.ts_ns[-1]
+                    if hi > tp_max:
+                        tp_max = hi
                     aligner.add(res.node, res.gpu, si, res.ts_ns, res.value, res.labels, si, rec.offset)
                     waiting[(si, rec.offset)] = rec
                 self._tp_max_ts[tp] = tp_max
@@ -362,36 +375,49 @@ class Ingestor:
     def _place_held(self) -> dict[int, int]:
         """Correct and place held samples whose domain has a beacon after them; dead-letter the
         ones that waited too long; return, per partition, the event time still held back."""
-        assert self._dlq is not None
         hold: dict[int, int] = {}
         wait_s = self.settings.clock_wait_s
         now = time.monotonic()
-        for p, held in list(self._held.items()):
+        for p, domains in self._held.items():
             aligner = self._aligners.get(p)
             if aligner is None:
                 continue
             tracks = self._domains.get(p, {})
-            keep: list[_Held] = []
-            for h in held:
-                b = h.batch
-                track = tracks.get((b.node, b.clock))
-                found = track.fit_for(max(b.ts_ns)) if track is not None else None
-                if found is not None:
-                    fit, pin = found
-                    aligner.add(b.node, b.gpu, h.sensor, b.ts_ns, b.value, b.labels, h.sensor, h.rec.offset, fit)
-                    self._waiting.setdefault(p, {})[(h.sensor, h.rec.offset)] = h.rec
-                    self._placed.setdefault(p, []).append((h.sensor, h.rec.offset, pin))
-                elif now - h.since > wait_s:
-                    self._no_clock(p, h, f"none within {wait_s:g} s")
-                else:
-                    keep.append(h)
-                    latest = track.latest if track is not None else None
-                    if latest is not None:  # a good guess of where it will land: cells there stay open
-                        guess = latest.to_utc(min(b.ts_ns))
-                        hold[p] = min(hold.get(p, guess), guess)
-            self._held[p] = keep
-        self.stats.held = sum(len(h) for h in self._held.values())
+            for key, wait in domains.items():
+                if not wait.items:
+                    continue
+                track = tracks.get(key)
+                version = track.added if track is not None else 0
+                # Retry only when the domain got a beacon since the last try (or one waited too long).
+                if version != wait.tried or now - wait.items[0].since > wait_s:
+                    wait.tried = version
+                    wait.items, wait.guess = self._try_place(p, aligner, track, wait.items, now - wait_s)
+                if wait.guess is not None:  # where the rest will land, roughly: cells there stay open
+                    hold[p] = min(hold.get(p, wait.guess), wait.guess)
+        self.stats.held = sum(len(w.items) for d in self._held.values() for w in d.values())
         return hold
+
+    def _try_place(self, p: int, aligner: GridAligner, track: DomainTrack | None, items: list[_Held],
+                   expired: float) -> tuple[list[_Held], int | None]:
+        keep: list[_Held] = []
+        guess: int | None = None
+        latest = track.latest if track is not None else None
+        for h in items:
+            found = track.fit_for(h.hi) if track is not None else None
+            if found is not None:
+                fit, pin = found
+                b = h.batch
+                aligner.add(b.node, b.gpu, h.sensor, b.ts_ns, b.value, b.labels, h.sensor, h.rec.offset, fit)
+                self._waiting.setdefault(p, {})[(h.sensor, h.rec.offset)] = h.rec
+                self._placed.setdefault(p, []).append((h.sensor, h.rec.offset, pin))
+            elif h.since < expired:
+                self._no_clock(p, h, f"none within {self.settings.clock_wait_s:g} s")
+            else:
+                keep.append(h)
+                if latest is not None:
+                    at = latest.to_utc(h.lo)
+                    guess = at if guess is None else min(guess, at)
+        return keep, guess
 
     def _no_clock(self, partition: int, h: _Held, why: str) -> None:
         assert self._dlq is not None
@@ -453,9 +479,10 @@ class Ingestor:
             held: int | None = None
             if kind == _SENSOR:
                 held = oldest.get(tp.partition, {}).get(si)
-                for h in self._held.get(tp.partition, ()):
-                    if h.sensor == si and (held is None or h.rec.offset < held):
-                        held = h.rec.offset
+                for domain in self._held.get(tp.partition, {}).values():
+                    for h in domain.items:
+                        if h.sensor == si and (held is None or h.rec.offset < held):
+                            held = h.rec.offset
             elif kind == _CLOCK:
                 held = beacon_pins.get(tp.partition)
             commit[tp] = nxt if held is None else min(nxt, held)

@@ -124,10 +124,9 @@ def _labels(obj: dict[str, Any]) -> Labels | None:
     return out
 
 
-def _check_times(ts: list[int], clock: str, limits: TimeLimits | None) -> None:
-    if limits is None or clock != UTC_CLOCK or not ts:
+def _check_times(lo: int, hi: int, clock: str, limits: TimeLimits | None) -> None:
+    if limits is None or clock != UTC_CLOCK:
         return
-    lo, hi = min(ts), max(ts)
     if lo < limits.now_ns - limits.max_age_ns:
         raise _Refused(R.TOO_OLD, f"ts_ns={lo} is older than the accepted age")
     if hi > limits.now_ns + limits.max_future_ns:
@@ -186,8 +185,9 @@ def _samples(raw: bytes, sensor: str, limits: TimeLimits | None) -> SampleBatch:
     if min(values) < spec.lo or max(values) > spec.hi:
         bad = next(x for x in values if not spec.lo <= x <= spec.hi)
         raise _Refused(R.OUT_OF_RANGE, f"{sensor}={bad} outside [{spec.lo:g}, {spec.hi:g}] {spec.unit}")
-    _check_times(stamps, clock, limits)
-    return SampleBatch(sensor, node, gpu, packed_ts, packed_values, clock, _labels(obj))
+    lo, hi = min(stamps), max(stamps)
+    _check_times(lo, hi, clock, limits)
+    return SampleBatch(sensor, node, gpu, packed_ts, packed_values, clock, _labels(obj), lo, hi)
 
 
 def _type_problem(values: list[Any], stamps: list[Any]) -> str:

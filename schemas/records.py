@@ -63,6 +63,15 @@ class SampleBatch:
     value: Sequence[float]
     clock: str = UTC_CLOCK
     labels: Labels | None = None
+    ts_min: int | None = None  # filled by the decoder, which scans the times anyway
+    ts_max: int | None = None
+
+    @property
+    def span(self) -> tuple[int, int]:
+        """Earliest and latest time in the batch."""
+        if self.ts_min is not None and self.ts_max is not None:
+            return self.ts_min, self.ts_max
+        return min(self.ts_ns), max(self.ts_ns)
 
     def __len__(self) -> int:
         return len(self.ts_ns)

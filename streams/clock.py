@@ -14,12 +14,16 @@ reboot or a process restart resets a monotonic clock).
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import random
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Final
+
+import numpy as np
+import numpy.typing as npt
 
 from schemas.records import ClockBeacon
 
@@ -125,6 +129,7 @@ class ClockEstimator:
     epoch: int = 0
     last_domain_ns: int | None = None
     last_utc_ns: int | None = None
+    _best: list[ClockBeacon] = field(default_factory=list)
 
     def add(self, b: ClockBeacon) -> bool:
         """Take a beacon; False if it was ignored (round trip too long or out of order)."""
@@ -142,12 +147,16 @@ class ClockEstimator:
         self.beacons.append(b)
         while len(self.beacons) > self.params.window:
             self.beacons.popleft()
-        self.fit = self._fit()
+        best = sorted(self.beacons, key=_round_trip)[: self.params.best]
+        # The fit is a function of the best beacons alone (so a replay that rebuilds the
+        # window rebuilds the fit): when they did not change, neither does the fit.
+        if self.fit is None or best != self._best:
+            self.fit = self._fit(best)
+            self._best = best
         return True
 
-    def _fit(self) -> ClockFit:
+    def _fit(self, best: list[ClockBeacon]) -> ClockFit:
         p = self.params
-        best = sorted(self.beacons, key=lambda x: x.utc_after_ns - x.utc_before_ns)[: p.best]
         first = best[0]
         ref = first.domain_ns
         # Offsets are ~1e18 for a monotonic clock: fit in floats relative to an integer base.
@@ -163,6 +172,16 @@ class ClockEstimator:
         return ClockFit(base, a, slope, ref, min(uncertainty, round(min(h for _, _, h in kept))), self.epoch)
 
 
+@functools.cache
+def _pairs(n: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    i, j = np.triu_indices(n, k=1)
+    return i, j
+
+
+def _round_trip(b: ClockBeacon) -> int:
+    return b.utc_after_ns - b.utc_before_ns
+
+
 def _consensus(pts: list[tuple[float, float, float]], p: ClockParams) -> list[tuple[float, float, float]]:
     """The points that agree with the robust trend (Theil-Sen slope, median level).
 
@@ -171,33 +190,34 @@ def _consensus(pts: list[tuple[float, float, float]], p: ClockParams) -> list[tu
     """
     if len(pts) < 3:
         return pts
-    xs = [x for x, _, _ in pts]
+    arr = np.array(pts)
+    x, y, h = arr[:, 0], arr[:, 1], arr[:, 2]
     slope = 0.0
-    if max(xs) - min(xs) >= p.min_span_ns:
-        pairs = [(yj - yi) / (xj - xi) for i, (xi, yi, _) in enumerate(pts) for xj, yj, _ in pts[i + 1:]
-                 if abs(xj - xi) >= _NS]
-        if pairs:
-            slope = statistics.median(pairs)
-    resid = [y - slope * x for x, y, _ in pts]
-    center = statistics.median(resid)
-    spread = 3 * 1.4826 * statistics.median(abs(r - center) for r in resid)
-    kept = [pt for pt, r in zip(pts, resid, strict=True)
-            if abs(r - center) <= max(p.outlier_k * pt[2] + p.floor_ns, spread)]
+    if x.max() - x.min() >= p.min_span_ns:
+        i, j = _pairs(len(pts))
+        dx = x[j] - x[i]
+        far = np.abs(dx) >= _NS
+        if far.any():
+            slopes = (y[j] - y[i])[far] / dx[far]
+            slope = statistics.median(slopes.tolist())
+    resid = y - slope * x
+    center = statistics.median(resid.tolist())
+    spread = 3 * 1.4826 * statistics.median(np.abs(resid - center).tolist())
+    ok = np.abs(resid - center) <= np.maximum(p.outlier_k * h + p.floor_ns, spread)
+    kept = [pt for pt, keep in zip(pts, ok.tolist(), strict=True) if keep]
     return kept or pts
 
 
 def _weighted_line(pts: list[tuple[float, float, float]], min_span_ns: int) -> tuple[float, float]:
     """Weighted least squares y = a + b x with weights 1/h^2; b = 0 while x spans too little."""
-    w = [1.0 / (h * h) for _, _, h in pts]
-    sw = sum(w)
-    mx = sum(wi * x for wi, (x, _, _) in zip(w, pts, strict=True)) / sw
-    my = sum(wi * y for wi, (_, y, _) in zip(w, pts, strict=True)) / sw
-    xs = [x for x, _, _ in pts]
-    if max(xs) - min(xs) < min_span_ns:
+    arr = np.array(pts)
+    x, y, w = arr[:, 0], arr[:, 1], 1.0 / arr[:, 2] ** 2
+    sw = w.sum()
+    mx, my = float((w * x).sum() / sw), float((w * y).sum() / sw)
+    if x.max() - x.min() < min_span_ns:
         return my, 0.0
-    sxx = sum(wi * (x - mx) ** 2 for wi, (x, _, _) in zip(w, pts, strict=True))
-    sxy = sum(wi * (x - mx) * (y - my) for wi, (x, y, _) in zip(w, pts, strict=True))
-    slope = sxy / sxx if sxx > 0 else 0.0
+    sxx = float((w * (x - mx) ** 2).sum())
+    slope = float((w * (x - mx) * (y - my)).sum() / sxx) if sxx > 0 else 0.0
     return my - slope * mx, slope
 
 
@@ -224,6 +244,7 @@ class DomainTrack:
     domain_ns: list[int] = field(default_factory=list)  # per fit, the domain time of its beacon
     fits: list[tuple[ClockFit, int]] = field(default_factory=list)
     positions: deque[int] = field(default_factory=deque)  # of the beacons in the estimator's window
+    added: int = 0  # beacons taken so far: a cheap "anything new?" for callers
 
     def __post_init__(self) -> None:
         self.estimator = ClockEstimator(self.params)
@@ -243,6 +264,7 @@ class DomainTrack:
         assert fit is not None
         self.domain_ns.append(b.domain_ns)
         self.fits.append((fit, self.positions[0]))
+        self.added += 1
         if len(self.fits) > self.params.history:  # bounded: a sample older than this is late anyway
             del self.domain_ns[0]
             del self.fits[0]
