@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import copy
 from array import array
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
@@ -554,9 +554,6 @@ class GridAligner:
         base = int(self._o_tick.min())
         span = int(self._o_tick.max()) - base + 1
         return len(np.unique(pairs * span + (self._o_tick - base)))
-
-    def nodes(self) -> Iterable[str]:
-        return list(self._node_names)
 
     def snapshot(self) -> AlignerState:
         self._take_pending_keep_late()
