@@ -82,8 +82,8 @@ class ClockParams:
     ``floor_ns``) is dropped from the fit.
     """
 
-    window: int = 64
-    best: int = 24
+    window: int = 48
+    best: int = 16
     max_rtt_ns: int = 10_000_000
     min_span_ns: int = 5 * _NS
     outlier_k: float = 3.0
@@ -210,14 +210,24 @@ def _consensus(pts: list[tuple[float, float, float]], p: ClockParams) -> list[tu
 
 def _weighted_line(pts: list[tuple[float, float, float]], min_span_ns: int) -> tuple[float, float]:
     """Weighted least squares y = a + b x with weights 1/h^2; b = 0 while x spans too little."""
-    arr = np.array(pts)
-    x, y, w = arr[:, 0], arr[:, 1], 1.0 / arr[:, 2] ** 2
-    sw = w.sum()
-    mx, my = float((w * x).sum() / sw), float((w * y).sum() / sw)
-    if x.max() - x.min() < min_span_ns:
+    # Plain Python: for a couple of dozen points it is faster than numpy's per-call cost.
+    sw = sx = sy = 0.0
+    lo = hi = pts[0][0]
+    for x, y, h in pts:
+        w = 1.0 / (h * h)
+        sw += w
+        sx += w * x
+        sy += w * y
+        lo, hi = min(lo, x), max(hi, x)
+    mx, my = sx / sw, sy / sw
+    if hi - lo < min_span_ns:
         return my, 0.0
-    sxx = float((w * (x - mx) ** 2).sum())
-    slope = float((w * (x - mx) * (y - my)).sum() / sxx) if sxx > 0 else 0.0
+    sxx = sxy = 0.0
+    for x, y, h in pts:
+        w = 1.0 / (h * h)
+        sxx += w * (x - mx) ** 2
+        sxy += w * (x - mx) * (y - my)
+    slope = sxy / sxx if sxx > 0 else 0.0
     return my - slope * mx, slope
 
 
