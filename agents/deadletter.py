@@ -42,3 +42,6 @@ class DeadLetter:
 
     def flush(self) -> None:
         self._producer.flush()
+
+    def close(self) -> None:
+        self._producer.close()

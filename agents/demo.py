@@ -79,6 +79,8 @@ def run_demo(settings: Settings, duration: float, nodes: int, gpus: int, root: P
         producer = threading.Thread(target=pub.live, args=(duration, stop_pub), daemon=True)
         ingestor = Ingestor(settings)
         asyncio.run(_run(ingestor, pub, producer, stop_pub, duration))
+        producer.join(10)
+        pub.producer.close()
         console.print(_progress(pub.stats, ingestor.stats, duration, duration))
         console.print(_summary(settings))
         console.print(f"data: {Path(settings.chdb_path).resolve()}\ntry: flopwatch sql \"SELECT ts, node, gpu, "

@@ -255,6 +255,11 @@ class Ingestor:
                 log.warning("Kafka consumer did not stop within 15 s; leaving anyway")
             await self._on_ch(backend.close)
             self._ch.shutdown(wait=True)
+            try:
+                if self._dlq is not None:
+                    self._dlq.close()
+            except Exception as exc:  # a reject not acknowledged now is re-sent by the replay
+                log.warning("dead-letter producer did not flush on close: %s", exc)
         return self.stats
 
     def _has_work(self) -> bool:

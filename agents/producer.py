@@ -63,6 +63,14 @@ class SampleProducer:
     def poll(self) -> None:
         self._producer.poll(0)
 
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Deliver what is queued, then let librdkafka go: a producer left behind keeps
+        reconnecting (and logging) after its broker is gone."""
+        try:
+            self.flush(timeout_s)
+        finally:
+            del self._producer  # the last reference: librdkafka's threads stop with it
+
     def flush(self, timeout_s: float = 60.0) -> None:
         left = self._producer.flush(timeout_s)
         if left:
