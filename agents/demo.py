@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import subprocess
 import threading
 import time
@@ -20,7 +21,8 @@ from agents.settings import Settings
 from agents.simulator import PublishStats, SimulatorPublisher
 from streams.simulate import SimParams
 
-console = Console(stderr=True)
+# Piped output (CI logs, `| tee`) gets a width that fits the summary instead of rich's 80.
+console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
 
 
 def _start_local_kafka(root: Path) -> bool:
