@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
