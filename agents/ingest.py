@@ -479,15 +479,21 @@ class Ingestor:
         for tp in [tp for tp in self._next if tp not in assigned]:
             del self._next[tp]  # gone without a revoke (its topic was deleted): nothing to commit there
         beacon_pins = self._beacon_pins(oldest)
+        waiting: dict[tuple[int, int], int] = {}  # (partition, topic index) -> oldest held offset
+        for p, domains in self._held.items():
+            for domain in domains.values():
+                for h in domain.items:
+                    key = (p, h.sensor)
+                    if h.rec.offset < waiting.get(key, h.rec.offset + 1):
+                        waiting[key] = h.rec.offset
         for tp, nxt in self._next.items():
             kind, si = self._route[tp.topic]
             held: int | None = None
             if kind == _SENSOR:
                 held = oldest.get(tp.partition, {}).get(si)
-                for domain in self._held.get(tp.partition, {}).values():
-                    for h in domain.items:
-                        if h.sensor == si and (held is None or h.rec.offset < held):
-                            held = h.rec.offset
+                w = waiting.get((tp.partition, si))
+                if w is not None and (held is None or w < held):
+                    held = w
             elif kind == _CLOCK:
                 held = beacon_pins.get(tp.partition)
             commit[tp] = nxt if held is None else min(nxt, held)
