@@ -21,6 +21,7 @@ from streams.simulate import NVML_SENSORS, ClusterSimulator, SimParams, node_nam
 log = logging.getLogger(__name__)
 _S = 1_000_000_000
 _NVML_SENSORS = len(NVML_SENSORS)  # catalog indices below this come from the GPU driver
+BEACON_PREROLL_S = 10
 
 
 @dataclass(slots=True)
@@ -73,7 +74,9 @@ class SimulatorPublisher:
                                                         params.start_ns)
         self._beacon_rng = random.Random(f"{params.seed}:beacons")
         self._noise = BeaconNoise()
-        self._next_beacon_s = params.start_ns // _S
+        # Collectors send beacons all the time; starting them a while before the first
+        # sample gives the estimator the span it needs to measure drift from the start.
+        self._next_beacon_s = params.start_ns // _S - BEACON_PREROLL_S
 
     def _publish(self, until_ns: int) -> None:
         self.until_ns = until_ns
