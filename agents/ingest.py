@@ -75,7 +75,6 @@ class IngestStats:
     held: int = 0  # clock-domain sample messages waiting for a beacon
     late: Counter[str] = field(default_factory=Counter)  # late samples by "node/sensor"
     first_record_ns: int = 0  # monotonic; for throughput figures
-    last_record_ns: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {"messages": self.messages, "samples": self.samples, "frames_written": self.frames_written,
@@ -222,9 +221,8 @@ class Ingestor:
                 async with self._lock:
                     if batch:
                         self._handle(batch)
-                        self.stats.last_record_ns = time.monotonic_ns()
                         if not self.stats.first_record_ns:
-                            self.stats.first_record_ns = self.stats.last_record_ns
+                            self.stats.first_record_ns = time.monotonic_ns()
                     if self._unheard:
                         await self._check_unheard(consumer)
                     self._advance()
@@ -232,8 +230,9 @@ class Ingestor:
                     flushed = self._store.pending_rows >= s.flush_rows or (due and self._has_work())
                     if flushed:
                         await self._flush_locked(wait=False)
+                    elif due:
+                        self._last_flush = time.monotonic_ns()  # nothing to write; look again later
                     if flushed or due:
-                        self._last_flush = time.monotonic_ns()
                         await self._update_lag(consumer)
             async with self._lock:
                 if drain:
@@ -407,14 +406,16 @@ class Ingestor:
         keep: list[_Held] = []
         guess: int | None = None
         latest = track.latest if track is not None else None
+        waiting = self._waiting.setdefault(p, {})
+        placed = self._placed.setdefault(p, [])
         for h in items:
             found = track.fit_for(h.hi) if track is not None else None
             if found is not None:
                 fit, pin = found
                 b = h.batch
                 aligner.add(b.node, b.gpu, h.sensor, b.ts_ns, b.value, b.labels, h.sensor, h.rec.offset, fit)
-                self._waiting.setdefault(p, {})[(h.sensor, h.rec.offset)] = h.rec
-                self._placed.setdefault(p, []).append((h.sensor, h.rec.offset, pin))
+                waiting[(h.sensor, h.rec.offset)] = h.rec
+                placed.append((h.sensor, h.rec.offset, pin))
             elif h.since < expired:
                 self._no_clock(p, h, f"none within {self.settings.clock_wait_s:g} s")
             else:

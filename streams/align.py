@@ -212,6 +212,7 @@ class GridAligner:
         self._p_pos: list[int] = []
         self._p_fix: list[tuple[int, Correction]] = []  # (message index, its clock correction)
         self._late_store: list[LateSamples] = []  # late samples found outside advance()
+        self._arrays: dict[str, I64] = {}  # cache of _arr()
         # Samples of open cells.
         self._o_sid: I64 = _empty_i64()
         self._o_tick: I64 = _empty_i64()
@@ -299,7 +300,7 @@ class GridAligner:
             grown[: len(self._series_max)] = self._series_max
             self._series_max = grown
         tick = ts // self._grid
-        closed = np.array(self._node_closed, np.int64)[np.array(self._s_node, np.int64)[sid]]
+        closed = np.array(self._node_closed, np.int64)[self._arr("_s_node")[sid]]
         late = tick < closed
         out: list[LateSamples] = []
         if late.any():
@@ -340,6 +341,13 @@ class GridAligner:
         unc[rows] = np.repeat(np.array([c.uncertainty_ns for c in fixes], np.int64), n)
         return out, unc
 
+    def _arr(self, name: str) -> I64:
+        """A series registry list as an array, rebuilt only when series were added."""
+        cached = self._arrays.get(name)
+        if cached is None or len(cached) != len(self._s_node):
+            cached = self._arrays[name] = np.array(getattr(self, name), np.int64)
+        return cached
+
     # -- output --------------------------------------------------------------------------
     def watermark(self, node: str) -> int | None:
         """Event time up to which the node's cells are final (None before any input)."""
@@ -354,7 +362,7 @@ class GridAligner:
         """Per node id: min over live series of the newest event time, minus the lateness."""
         if not len(self._series_max):
             return {}
-        s_node = np.array(self._s_node, np.int64)
+        s_node = self._arr("_s_node")
         seen = self._series_max > _NO_TS
         nodes = len(self._node_names)
         newest = np.full(nodes, _NO_TS, np.int64)
@@ -382,7 +390,7 @@ class GridAligner:
         if not len(self._o_sid):
             return Advance(self._empty_batch(), late)
         nodes = len(self._node_names)
-        row_node = np.array(self._s_node, np.int64)[self._o_sid]
+        row_node = self._arr("_s_node")[self._o_sid]
         newest_tick = np.full(nodes, _NO_TS, np.int64)
         np.maximum.at(newest_tick, row_node, self._o_tick)
         wms = self._watermarks()
@@ -419,7 +427,7 @@ class GridAligner:
         self._late_store = []
         if not len(self._o_sid):
             return Advance(self._empty_batch(), late)
-        row_node = np.array(self._s_node, np.int64)[self._o_sid]
+        row_node = self._arr("_s_node")[self._o_sid]
         close = np.array(self._node_closed, np.int64)
         newest_tick = np.full(len(close), _NO_TS, np.int64)
         np.maximum.at(newest_tick, row_node, self._o_tick)
@@ -470,7 +478,7 @@ class GridAligner:
         starts = np.flatnonzero(new_cell)
         ends = np.append(starts[1:], n) - 1
         g_sid = sid[starts]
-        g_sensor = np.array(self._s_sensor, np.int64)[g_sid]
+        g_sensor = self._arr("_s_sensor")[g_sid]
         count = np.diff(np.append(starts, n))
         total = np.add.reduceat(v, starts)
         top = np.maximum.reduceat(v, starts)
@@ -480,7 +488,7 @@ class GridAligner:
         prev[1:] = v[:-1]
         prev[0] = np.nan
         first_rows = np.flatnonzero(new_series)
-        counter_row = _COUNTER[np.array(self._s_sensor, np.int64)[sid]]
+        counter_row = _COUNTER[self._arr("_s_sensor")[sid]]
         for r in first_rows[counter_row[first_rows]].tolist():
             prev[r] = self._counter_prev.get(int(sid[r]), np.nan)
         step = np.where(v >= prev, v - prev, v)
@@ -496,7 +504,7 @@ class GridAligner:
         last_code = np.where(last_fired_row >= 0, v[np.maximum(last_fired_row, 0)], 0.0)
 
         # Pivot cells into frames: one row per (node, gpu, tick).
-        g_pair = np.array(self._s_pair, np.int64)[g_sid]
+        g_pair = self._arr("_s_pair")[g_sid]
         g_tick = tick[starts]
         base = int(g_tick.min())
         span = int(g_tick.max()) - base + 1
@@ -550,7 +558,7 @@ class GridAligner:
     def open_cells(self) -> int:
         if not len(self._o_sid):
             return 0
-        pairs = np.array(self._s_pair, np.int64)[self._o_sid]
+        pairs = self._arr("_s_pair")[self._o_sid]
         base = int(self._o_tick.min())
         span = int(self._o_tick.max()) - base + 1
         return len(np.unique(pairs * span + (self._o_tick - base)))
