@@ -90,6 +90,7 @@ def worker(ctx: click.Context, progress: str, exit_when_idle: float | None, runt
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal)
+        loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
         watcher = None
         if exit_when_idle is not None:
             watcher = loop.create_task(_stop_when_idle(ingestor, stop, exit_when_idle))
@@ -107,6 +108,15 @@ def worker(ctx: click.Context, progress: str, exit_when_idle: float | None, runt
 
 
 SHUTDOWN_GRACE_S = 60.0
+
+
+def _dump_tasks() -> None:
+    """SIGUSR1: where every coroutine of the worker is waiting, for a worker that seems stuck."""
+    for task in asyncio.all_tasks():
+        buf = io.StringIO()
+        task.print_stack(limit=12, file=buf)
+        sys.stderr.write(buf.getvalue())
+    sys.stderr.flush()
 
 
 def _hard_exit() -> None:

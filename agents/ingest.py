@@ -34,7 +34,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
-from aiokafka.errors import IllegalStateError
+from aiokafka.errors import CommitFailedError
 
 from agents.clickhouse import Backend, ensure_schema, open_backend
 from agents.deadletter import DeadLetter
@@ -51,6 +51,7 @@ from streams.clock import ClockParams, DomainTrack
 log = logging.getLogger(__name__)
 _SENSOR, _EVENTS, _CLOCK = 0, 1, 2
 COMMIT_TIMEOUT_S = 30.0
+POSITION_PROBE_S = 0.2  # how long one loop turn waits for Kafka to tell unread partitions' positions
 MAX_HELD = 100_000  # clock-domain messages waiting for a beacon, per domain
 
 
@@ -68,6 +69,7 @@ class IngestStats:
     events_written: int = 0
     beacons: int = 0
     replayed_dropped: int = 0
+    commits_refused: int = 0  # commits Kafka turned down because the group had rebalanced
     rejects: Counter[str] = field(default_factory=Counter)
     lag: int | None = None  # records behind the end of the assigned partitions; None: not known yet
     flushes: int = 0
@@ -79,7 +81,8 @@ class IngestStats:
     def as_dict(self) -> dict[str, Any]:
         return {"messages": self.messages, "samples": self.samples, "frames_written": self.frames_written,
                 "events_written": self.events_written, "beacons": self.beacons,
-                "replayed_dropped": self.replayed_dropped, "rejects": dict(self.rejects), "lag": self.lag,
+                "replayed_dropped": self.replayed_dropped, "commits_refused": self.commits_refused,
+                "rejects": dict(self.rejects), "lag": self.lag,
                 "flushes": self.flushes, "open_cells": self.open_cells, "held": self.held,
                 "late": dict(self.late)}
 
@@ -139,6 +142,10 @@ class Ingestor:
         self._unheard: dict[int, set[TopicPartition]] = {}
         self._unheard_since: dict[int, float] = {}
         self._next: dict[TopicPartition, int] = {}
+        # Fetch positions of assigned partitions not read from yet; they change only on a
+        # (re)assignment, which bumps the epoch so a probe started before it is thrown away.
+        self._probed: dict[TopicPartition, int] = {}
+        self._assign_epoch = 0
         self._tp_max_ts: dict[TopicPartition, int] = {}  # newest event time read per sensor partition
         # Records handed to an aligner since its last advance, by (partition, topic index, offset):
         # a late verdict comes back from advance() and needs the original bytes.
@@ -166,6 +173,8 @@ class Ingestor:
     async def on_assigned(self, assigned: list[TopicPartition]) -> None:
         async with self._lock:
             assert self._store is not None
+            self._assign_epoch += 1
+            self._probed.clear()
             self._progress = await self._on_ch(self._store.recover)
             params = self.settings.align_params()
             for p in sorted({tp.partition for tp in assigned} - set(self._aligners)):
@@ -176,6 +185,8 @@ class Ingestor:
 
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
         async with self._lock:
+            self._assign_epoch += 1
+            self._probed.clear()
             await self._flush_locked()
             for p in {tp.partition for tp in revoked}:
                 self._aligners.pop(p, None)
@@ -218,22 +229,26 @@ class Ingestor:
                 batch = await consumer.getmany(timeout_ms=100)
                 if not batch and not consumer.assignment():
                     await asyncio.sleep(0.1)  # no partitions (yet, or topics gone): don't spin
+                due = time.monotonic_ns() - self._last_flush >= s.flush_interval_ms * 1_000_000
+                if self._unheard or due:
+                    # Outside the lock: a position can wait for a rebalance to finish, and the
+                    # rebalance waits for the revoke callback, which takes the lock.
+                    await self._probe_positions(consumer)
                 async with self._lock:
                     if batch:
                         self._handle(batch)
                         if not self.stats.first_record_ns:
                             self.stats.first_record_ns = time.monotonic_ns()
                     if self._unheard:
-                        await self._check_unheard(consumer)
+                        self._check_unheard(consumer)
                     self._advance()
-                    due = time.monotonic_ns() - self._last_flush >= s.flush_interval_ms * 1_000_000
                     flushed = self._store.pending_rows >= s.flush_rows or (due and self._has_work())
                     if flushed:
                         await self._flush_locked(wait=False)
                     elif due:
                         self._last_flush = time.monotonic_ns()  # nothing to write; look again later
                     if flushed or due:
-                        await self._update_lag(consumer)
+                        self._update_lag(consumer)
             async with self._lock:
                 if drain:
                     self._place_held()
@@ -327,28 +342,45 @@ class Ingestor:
         stats.rejects = dlq.counts
         self._dirty = True
 
-    async def _update_lag(self, consumer: AIOKafkaConsumer) -> None:
+    async def _probe_positions(self, consumer: AIOKafkaConsumer) -> None:
+        """Learn the fetch position of assigned partitions not read from yet, waiting briefly.
+
+        Never called under the lock (see the loop); a position Kafka cannot tell within
+        ``POSITION_PROBE_S`` (it is fetching committed offsets, or a rebalance is under
+        way) is asked again on a later turn.
+        """
+        epoch = self._assign_epoch
+        tps = [tp for tp in consumer.assignment() if tp not in self._next and tp not in self._probed]
+        if not tps:
+            return
+        asks = {asyncio.ensure_future(consumer.position(tp)): tp for tp in tps}
+        done, slow = await asyncio.wait(asks, timeout=POSITION_PROBE_S)
+        for task in slow:
+            task.cancel()
+        for task in done:
+            if task.exception() is None and epoch == self._assign_epoch:
+                self._probed[asks[task]] = task.result()
+
+    def _position(self, tp: TopicPartition) -> int | None:
+        pos = self._next.get(tp)
+        return pos if pos is not None else self._probed.get(tp)
+
+    def _update_lag(self, consumer: AIOKafkaConsumer) -> None:
         """Records behind the end of every assigned partition; None until each end is known."""
         lag: int | None = 0
-        try:
-            for tp in list(consumer.assignment()):
-                hw = consumer.highwater(tp)
-                if hw is None:
-                    lag = None
-                    break
-                pos = self._next.get(tp)
-                if pos is None:
-                    pos = await consumer.position(tp)
-                lag += max(0, hw - pos)
-        except (AssertionError, IllegalStateError):
-            lag = None  # the assignment changed under us (a rebalance); known again next time
+        for tp in consumer.assignment():
+            hw, pos = consumer.highwater(tp), self._position(tp)
+            if hw is None or pos is None or lag is None:
+                lag = None
+                break
+            lag += max(0, hw - pos)
         self.stats.lag = lag
 
-    async def _check_unheard(self, consumer: AIOKafkaConsumer) -> None:
+    def _check_unheard(self, consumer: AIOKafkaConsumer) -> None:
         for p, unheard in list(self._unheard.items()):
             for tp in list(unheard):
-                hw = consumer.highwater(tp)
-                if hw is not None and await consumer.position(tp) >= hw:
+                hw, pos = consumer.highwater(tp), self._probed.get(tp)
+                if hw is not None and pos is not None and pos >= hw:
                     unheard.discard(tp)  # nothing to read there: it holds nothing back
             if unheard and time.monotonic() - self._unheard_since[p] > 30.0:
                 log.warning("partition %d: no fetch answer from %d topics in 30 s; aligning without them",
@@ -420,9 +452,10 @@ class Ingestor:
                 self._no_clock(p, h, f"none within {self.settings.clock_wait_s:g} s")
             else:
                 keep.append(h)
-                if latest is not None:
-                    at = latest.to_utc(h.lo)
-                    guess = at if guess is None else min(guess, at)
+                # With no fit yet the sample could land anywhere within the domain's offset, so
+                # nothing of the partition may close until a beacon (or the wait) decides it.
+                at = latest.to_utc(h.lo) if latest is not None else 0
+                guess = at if guess is None else min(guess, at)
         return keep, guess
 
     def _no_clock(self, partition: int, h: _Held, why: str) -> None:
@@ -518,6 +551,11 @@ class Ingestor:
                 # aiokafka retries a commit forever on "retriable" errors (a deleted topic, a
                 # lost coordinator); a worker that cannot commit must stop and say so instead.
                 await asyncio.wait_for(consumer.commit(commit), COMMIT_TIMEOUT_S)
+            except CommitFailedError as exc:
+                # The group moved on (this worker missed a rebalance): the rows are written, the
+                # partitions' new owners replay from the last commit and drop what is written.
+                log.warning("offset commit refused after a rebalance; the new owners replay: %s", exc)
+                self.stats.commits_refused += 1
             except TimeoutError:
                 raise CommitError(f"offset commit did not complete in {COMMIT_TIMEOUT_S:.0f} s; the rows are "
                                   "written, and the next worker resumes from the last committed offsets") from None

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -80,23 +82,68 @@ def assert_frames_equal(got: Rows, want: Rows) -> None:
     assert not bad, f"{len(bad)} cells differ, e.g. {bad[:5]}"
 
 
-def wait_for_stats(proc: subprocess.Popen[str], done: Callable[[dict[str, Any]], bool],
-                   timeout_s: float = 120.0) -> dict[str, Any]:
-    """Read a worker's stderr until a stats line satisfies ``done``; fail after ``timeout_s``."""
-    lines: queue.Queue[str] = queue.Queue()
-    assert proc.stderr is not None
-    stream = proc.stderr
-    threading.Thread(target=lambda: [lines.put(ln) for ln in stream], daemon=True).start()
-    deadline = time.monotonic() + timeout_s
-    seen: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=0.5)
-        except queue.Empty:
-            continue
+class Worker:
+    """A ``flopwatch worker`` subprocess; one thread reads its stderr, so it never blocks on a full pipe."""
+
+    def __init__(self, settings: Settings, *extra: str) -> None:
+        self.proc = subprocess.Popen(worker_cmd(*extra), env=worker_env(settings), stderr=subprocess.PIPE,
+                                     stdout=subprocess.DEVNULL, text=True)
+        self._lines: queue.Queue[str] = queue.Queue()
+        self.tail: collections.deque[str] = collections.deque(maxlen=200)
+        self.last: dict[str, Any] = {}
+        stream = self.proc.stderr
+        assert stream is not None
+        threading.Thread(target=lambda: [self._lines.put(ln) for ln in stream], daemon=True).start()
+
+    def _take(self, line: str) -> bool:
+        """Note a line; whether it was a stats line."""
+        self.tail.append(line)
         start = line.find('{"event":"flush"')
         if start >= 0:
-            seen = orjson.loads(line[start:].strip())
-            if done(seen):
-                return seen
-    raise AssertionError(f"worker did not reach the expected state in {timeout_s:.0f} s; last stats {seen}")
+            self.last = orjson.loads(line[start:].strip())
+        return start >= 0
+
+    def drain(self) -> dict[str, Any]:
+        """Read what the worker has printed so far, without waiting; its latest stats."""
+        while not self._lines.empty():
+            self._take(self._lines.get())
+        return self.last
+
+    def wait_for(self, done: Callable[[dict[str, Any]], bool], timeout_s: float = 120.0) -> dict[str, Any]:
+        """Read stats lines until one satisfies ``done``; fail after ``timeout_s`` with the worker's log."""
+        self._wait(lambda line, stats: stats and done(self.last), "the expected stats", timeout_s)
+        return self.last
+
+    def wait_for_log(self, text: str, timeout_s: float = 120.0) -> None:
+        """Read until a log line contains ``text``."""
+        self._wait(lambda line, stats: text in line, f"a log line with {text!r}", timeout_s)
+
+    def _wait(self, done: Callable[[str, bool], bool], what: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                line = self._lines.get(timeout=0.5)
+            except queue.Empty:
+                if self.proc.poll() is not None and self._lines.empty():
+                    break
+                continue
+            if done(line, self._take(line)):
+                return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGUSR1)  # the worker prints where its coroutines wait
+            time.sleep(1.0)
+        self.drain()
+        raise AssertionError(f"worker did not show {what} in {timeout_s:.0f} s (exit code "
+                             f"{self.proc.poll()}); last stats {self.last}\nits last log lines:\n{''.join(self.tail)}")
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def stop(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM and wait; the exit code. A worker that does not stop is killed, never left behind."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        finally:
+            self.proc.kill()

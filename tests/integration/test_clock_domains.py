@@ -51,22 +51,18 @@ def test_skewed_domains_are_corrected_onto_utc(base_settings: Settings) -> None:
 
 def test_sigkill_with_clock_domains_loses_and_duplicates_nothing(base_settings: Settings) -> None:
     """Held samples and the beacons behind their fits are replayed after a crash."""
-    import signal
-    import subprocess
-
-    from tests.integration.helpers import wait_for_stats, worker_cmd, worker_env
+    from tests.integration.helpers import Worker
 
     settings = base_settings.replace(flush_interval_ms=200)
     duration = 40.0
     params = SimParams(nodes=3, gpus=1, seed=5, start_ns=time.time_ns() - int(duration * 1e9))
     pub = SimulatorPublisher(settings, params, batch_size=5, clock_domains=True)
     pub.backlog(duration / 2)
-    worker = subprocess.Popen(worker_cmd(), env=worker_env(settings), stderr=subprocess.PIPE, text=True)
+    worker = Worker(settings)
     try:
-        wait_for_stats(worker, lambda st: st["frames_written"] > 0)
+        worker.wait_for(lambda st: st["frames_written"] > 0)
     finally:
-        worker.send_signal(signal.SIGKILL)
-        worker.wait(30)
+        worker.kill()
     sent = pub.backlog(duration / 2)
     stats = run_worker_until_idle(settings)
     assert stats["rejects"] == {} and stats["samples"] > 0

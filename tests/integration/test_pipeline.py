@@ -36,25 +36,17 @@ def test_all_streams_land_as_exact_frames(any_settings: Settings, batch_size: in
 
 
 def test_faust_worker_runtime_writes_the_same_frames(base_settings: Settings) -> None:
-    import signal
-    import subprocess
-
-    from tests.integration.helpers import wait_for_stats, worker_cmd, worker_env
+    from tests.integration.helpers import Worker
 
     duration = 10.0
     params = SimParams(nodes=2, gpus=1, seed=4, start_ns=time.time_ns() - int(duration * 1e9))
     sent = SimulatorPublisher(base_settings, params, batch_size=10).backlog(duration)
     want = expected_frames(params, duration)
-    proc = subprocess.Popen(worker_cmd("--runtime", "faust"), env=worker_env(base_settings),
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    worker = Worker(base_settings, "--runtime", "faust")
     try:
-        stats = wait_for_stats(proc, lambda st: st["frames_written"] == len(want))
+        stats = worker.wait_for(lambda st: st["frames_written"] == len(want))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(60)
-        finally:
-            proc.kill()  # no-op when it has exited; never leave a worker behind
+        code = worker.stop()
     assert code == 0
     assert stats["samples"] == sent.samples
     got, nrows = stored_frames(base_settings)
