@@ -285,7 +285,8 @@ class Ingestor:
         stats = self.stats
         limits = TimeLimits(self._clock_ns(), int(self.settings.max_age_s * 1e9), int(self.settings.max_future_s * 1e9))
         dlq = self._dlq
-        for tp, records in batch.items():
+        # Beacons first: a domain sample whose beacon came in the same poll is placed at once.
+        for tp, records in sorted(batch.items(), key=lambda item: item[0].topic != self.topics.clock_sync):
             aligner = self._aligners.get(tp.partition)
             if aligner is None or not records:
                 continue  # revoked while this batch was in flight: the new owner reads it
@@ -295,6 +296,10 @@ class Ingestor:
                 name = CATALOG[si].name
                 waiting = self._waiting.setdefault(tp.partition, {})
                 tp_max = self._tp_max_ts.get(tp, 0)
+                held = self._held.setdefault(tp.partition, {})
+                tracks = self._domains.get(tp.partition, {})
+                placed = self._placed.setdefault(tp.partition, [])
+                now = time.monotonic()
                 for rec in records:
                     res = decode_samples(rec.value or b"", name, limits)
                     if isinstance(res, Reject):
@@ -302,12 +307,24 @@ class Ingestor:
                         continue
                     stats.samples += len(res.ts_ns)
                     if res.clock != UTC_CLOCK:
-                        # Never placed on a guessed time: wait for a beacon read after it.
-                        wait = self._held.setdefault(tp.partition, {}).setdefault((res.node, res.clock),
-                                                                                  _DomainWait())
+                        # Never placed on a guessed time: corrected with the fit of the first
+                        # beacon read after it, which may already be here; else it waits.
+                        key = (res.node, res.clock)
+                        lo, hi = res.span
+                        track = tracks.get(key)
+                        found = track.fit_for(hi) if track is not None else None
+                        if found is not None:
+                            aligner.add(res.node, res.gpu, si, res.ts_ns, res.value, res.labels, si, rec.offset,
+                                        found[0])
+                            waiting[(si, rec.offset)] = rec
+                            placed.append((si, rec.offset, found[1]))
+                            continue
+                        wait = held.get(key)
+                        if wait is None:
+                            wait = held[key] = _DomainWait()
                         if len(wait.items) >= MAX_HELD:  # bounded: the oldest waiter gives way
                             self._no_clock(tp.partition, wait.items.pop(0), "the waiting list is full")
-                        wait.items.append(_Held(rec, res, si, time.monotonic(), *res.span))
+                        wait.items.append(_Held(rec, res, si, now, lo, hi))
                         continue
                     hi = res.ts_max if res.ts_max is not None else res.ts_ns[-1]
                     if hi > tp_max:

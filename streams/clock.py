@@ -14,16 +14,12 @@ reboot or a process restart resets a monotonic clock).
 from __future__ import annotations
 
 import bisect
-import functools
 import math
 import random
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Final
-
-import numpy as np
-import numpy.typing as npt
 
 from schemas.records import ClockBeacon
 
@@ -83,7 +79,7 @@ class ClockParams:
     """
 
     window: int = 48
-    best: int = 16
+    best: int = 8
     max_rtt_ns: int = 10_000_000
     min_span_ns: int = 5 * _NS
     outlier_k: float = 3.0
@@ -129,7 +125,12 @@ class ClockEstimator:
     epoch: int = 0
     last_domain_ns: int | None = None
     last_utc_ns: int | None = None
-    _best: list[ClockBeacon] = field(default_factory=list)
+    # The window again, as (round trip, arrival number) sorted, kept up to date with bisect
+    # rather than re-sorted per beacon; the arrival number breaks ties in window order.
+    _by_rtt: list[tuple[int, int]] = field(default_factory=list)
+    _arrivals: deque[int] = field(default_factory=deque)
+    _seq: int = 0
+    _best: list[tuple[int, int]] = field(default_factory=list)
 
     def add(self, b: ClockBeacon) -> bool:
         """Take a beacon; False if it was ignored (round trip too long or out of order)."""
@@ -142,16 +143,24 @@ class ClockEstimator:
             # UTC moved on but the domain went back: it restarted. Old beacons describe
             # another epoch and would poison the fit.
             self.beacons.clear()
+            self._by_rtt.clear()
+            self._arrivals.clear()
             self.epoch += 1
         self.last_domain_ns, self.last_utc_ns = b.domain_ns, b.utc_after_ns
+        self._seq += 1
         self.beacons.append(b)
+        self._arrivals.append(self._seq)
+        bisect.insort(self._by_rtt, (rtt, self._seq))
         while len(self.beacons) > self.params.window:
-            self.beacons.popleft()
-        best = sorted(self.beacons, key=_round_trip)[: self.params.best]
+            old = self.beacons.popleft()
+            key = (_round_trip(old), self._arrivals.popleft())
+            del self._by_rtt[bisect.bisect_left(self._by_rtt, key)]
+        best = self._by_rtt[: self.params.best]
         # The fit is a function of the best beacons alone (so a replay that rebuilds the
         # window rebuilds the fit): when they did not change, neither does the fit.
         if self.fit is None or best != self._best:
-            self.fit = self._fit(best)
+            first = self._arrivals[0]
+            self.fit = self._fit([self.beacons[seq - first] for _, seq in best])
             self._best = best
         return True
 
@@ -172,12 +181,6 @@ class ClockEstimator:
         return ClockFit(base, a, slope, ref, min(uncertainty, round(min(h for _, _, h in kept))), self.epoch)
 
 
-@functools.cache
-def _pairs(n: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
-    i, j = np.triu_indices(n, k=1)
-    return i, j
-
-
 def _round_trip(b: ClockBeacon) -> int:
     return b.utc_after_ns - b.utc_before_ns
 
@@ -187,24 +190,24 @@ def _consensus(pts: list[tuple[float, float, float]], p: ClockParams) -> list[tu
 
     A least-squares fit would let one beacon with a tiny round trip but a wrong domain
     reading (the reading thread was preempted) drag every other point; medians do not.
+    Plain Python: for the handful of points a fit uses, numpy's per-call cost dominates.
     """
-    if len(pts) < 3:
+    n = len(pts)
+    if n < 3:
         return pts
-    arr = np.array(pts)
-    x, y, h = arr[:, 0], arr[:, 1], arr[:, 2]
+    xs = [x for x, _, _ in pts]
+    ys = [y for _, y, _ in pts]
     slope = 0.0
-    if x.max() - x.min() >= p.min_span_ns:
-        i, j = _pairs(len(pts))
-        dx = x[j] - x[i]
-        far = np.abs(dx) >= _NS
-        if far.any():
-            slopes = (y[j] - y[i])[far] / dx[far]
-            slope = statistics.median(slopes.tolist())
-    resid = y - slope * x
-    center = statistics.median(resid.tolist())
-    spread = 3 * 1.4826 * statistics.median(np.abs(resid - center).tolist())
-    ok = np.abs(resid - center) <= np.maximum(p.outlier_k * h + p.floor_ns, spread)
-    kept = [pt for pt, keep in zip(pts, ok.tolist(), strict=True) if keep]
+    if max(xs) - min(xs) >= p.min_span_ns:
+        slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(n) for j in range(i + 1, n)
+                  if abs(xs[j] - xs[i]) >= _NS]
+        if slopes:
+            slope = statistics.median(slopes)
+    resid = [y - slope * x for x, y in zip(xs, ys, strict=True)]
+    center = statistics.median(resid)
+    dev = [abs(r - center) for r in resid]
+    spread = 3 * 1.4826 * statistics.median(dev)
+    kept = [pt for pt, d in zip(pts, dev, strict=True) if d <= max(p.outlier_k * pt[2] + p.floor_ns, spread)]
     return kept or pts
 
 
