@@ -312,7 +312,7 @@ class Ingestor:
                         key = (res.node, res.clock)
                         lo, hi = res.span
                         track = tracks.get(key)
-                        found = track.fit_for(hi) if track is not None else None
+                        found = track.fit_for(lo, hi) if track is not None else None
                         if found is not None:
                             aligner.add(res.node, res.gpu, si, res.ts_ns, res.value, res.labels, si, rec.offset,
                                         found[0])
@@ -458,7 +458,7 @@ class Ingestor:
         waiting = self._waiting.setdefault(p, {})
         placed = self._placed.setdefault(p, [])
         for h in items:
-            found = track.fit_for(h.hi) if track is not None else None
+            found = track.fit_for(h.lo, h.hi) if track is not None else None
             if found is not None:
                 fit, pin = found
                 b = h.batch
@@ -584,7 +584,7 @@ class Ingestor:
 
     def _beacon_pins(self, oldest: dict[int, dict[Hashable, int]]) -> dict[int, int]:
         """Per partition, the oldest clock.sync offset a replay needs to rebuild every fit still in use:
-        fits of samples in open cells, and the newest fit of every domain (for samples to come)."""
+        fits of samples in open cells, and the newest fit of every epoch kept (for samples to come)."""
         pins: dict[int, int] = {}
         for p, placed in self._placed.items():
             open_from = oldest.get(p, {})
@@ -593,9 +593,9 @@ class Ingestor:
                 pins[p] = min(pins.get(p, pin), pin)
         for p, tracks in self._domains.items():
             for track in tracks.values():
-                if track.fits:
-                    pin = track.fits[-1][1]
-                    pins[p] = min(pins.get(p, pin), pin)
+                need = track.pin()
+                if need is not None:
+                    pins[p] = min(pins.get(p, need), need)
         return pins
 
     async def _settle(self) -> None:

@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 _S = 1_000_000_000
 _NVML_SENSORS = len(NVML_SENSORS)  # catalog indices below this come from the GPU driver
 BEACON_PREROLL_S = 10
+REBOOT_DOMAIN_S = 5  # what a rebooted GPU clock reads at the reboot
 
 
 @dataclass(slots=True)
@@ -52,7 +53,7 @@ class SimulatorPublisher:
     """
 
     def __init__(self, settings: Settings, params: SimParams, batch_size: int = 100, bad_every: int = 0,
-                 clock_domains: bool = False) -> None:
+                 clock_domains: bool = False, clock_reset_s: float | None = None) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self.params = params
@@ -67,11 +68,19 @@ class SimulatorPublisher:
         # With clock domains, each node's NVML streams are stamped by a GPU clock with a
         # known offset (-2..+2 s) and drift (up to 100 ppm), and beacons go to clock.sync.
         self.clocks: dict[str, DomainClock] = {}
+        # ``clock_reset_s``: seconds after the start at which every node's GPU clock reboots
+        # (within a second of each other) and restarts counting from a few seconds.
+        if clock_reset_s is not None and not clock_domains:
+            raise ValueError("a clock reset needs clock_domains")
         if clock_domains:
             rng = random.Random(f"{params.seed}:clocks")
             for i in range(params.nodes):
-                self.clocks[node_name(i)] = DomainClock(rng.randint(-2 * _S, 2 * _S), rng.uniform(-100.0, 100.0),
-                                                        params.start_ns)
+                offset = rng.randint(-2 * _S, 2 * _S)
+                resets = () if clock_reset_s is None else (params.start_ns + int((clock_reset_s + rng.random()) * _S),)
+                # A reboot: the domain steps back to about REBOOT_DOMAIN_S, by (roughly) what it read.
+                jump = (resets[0] if resets else params.start_ns) + offset - REBOOT_DOMAIN_S * _S
+                self.clocks[node_name(i)] = DomainClock(offset, rng.uniform(-100.0, 100.0), params.start_ns,
+                                                        resets, jump)
         self._beacon_rng = random.Random(f"{params.seed}:beacons")
         self._noise = BeaconNoise()
         # Collectors send beacons all the time; starting them a while before the first
@@ -83,22 +92,36 @@ class SimulatorPublisher:
         st, send = self.stats, self.producer.send
         self._beacons(until_ns)
         for batch in self.sim.advance(until_ns):
-            truth = self.clocks.get(batch.node)
-            if truth is not None and BY_NAME[batch.sensor].index < _NVML_SENSORS:
-                batch = SampleBatch(batch.sensor, batch.node, batch.gpu, [truth.to_domain(t) for t in batch.ts_ns],
-                                    batch.value, f"nvml:{batch.node}", batch.labels)
             topic, key = self._topic_of[batch.sensor], batch.node
-            for msg in batch_messages(batch, self.batch_size):
-                send(topic, msg, key)
-                st.messages += 1
-                if self.bad_every and st.messages % self.bad_every == 0:
-                    send(topic, msg[: len(msg) // 2], key)  # truncated JSON: malformed_json
-                    st.bad += 1
+            for part in self._in_domain(batch):
+                for msg in batch_messages(part, self.batch_size):
+                    send(topic, msg, key)
+                    st.messages += 1
+                    if self.bad_every and st.messages % self.bad_every == 0:
+                        send(topic, msg[: len(msg) // 2], key)  # truncated JSON: malformed_json
+                        st.bad += 1
             st.samples += len(batch)
         for ev in self.sim.k8s_events():
             send(self.topics.k8s_events, encode_k8s_event(ev), ev.node)
             st.events += 1
         self.producer.poll()
+
+    def _in_domain(self, batch: SampleBatch) -> list[SampleBatch]:
+        """The batch stamped by its node's GPU clock (NVML streams with clock domains on), one
+        batch per clock epoch: a rebooted node's collector restarts too, so none spans a reset."""
+        truth = self.clocks.get(batch.node)
+        if truth is None or BY_NAME[batch.sensor].index >= _NVML_SENSORS:
+            return [batch]
+        clock = f"nvml:{batch.node}"
+        parts: list[SampleBatch] = []
+        start = 0
+        for i in range(1, len(batch.ts_ns) + 1):
+            if i == len(batch.ts_ns) or truth.epoch(batch.ts_ns[i]) != truth.epoch(batch.ts_ns[start]):
+                parts.append(SampleBatch(batch.sensor, batch.node, batch.gpu,
+                                         [truth.to_domain(t) for t in batch.ts_ns[start:i]],
+                                         batch.value[start:i], clock, batch.labels))
+                start = i
+        return parts
 
     def backlog(self, duration_s: float, chunk_s: float | None = None) -> PublishStats:
         """Publish the next ``duration_s`` of event time as fast as Kafka takes it.

@@ -75,7 +75,10 @@ class ClockParams:
     uses; ``max_rtt_ns``: longer round trips are ignored outright; ``min_span_ns``:
     the domain time the fitted beacons must span before drift is estimated;
     ``outlier_k``: a point whose residual exceeds k times its half round trip (plus
-    ``floor_ns``) is dropped from the fit.
+    ``floor_ns``) is dropped from the fit. ``epoch_slack_ns``: how far before an
+    epoch's first beacon (and after a finished epoch's last one) its samples may lie;
+    ``old_epoch_beacons``: how many beacons of later epochs an epoch is kept for, to
+    place its stragglers.
     """
 
     window: int = 48
@@ -85,6 +88,8 @@ class ClockParams:
     outlier_k: float = 3.0
     floor_ns: int = 20_000
     history: int = 3_600  # fits a DomainTrack keeps for placing samples (one per beacon)
+    epoch_slack_ns: int = 10 * _NS
+    old_epoch_beacons: int = 120
 
     def __post_init__(self) -> None:
         if self.window < 2 or not 1 <= self.best <= self.window:
@@ -235,6 +240,15 @@ def _weighted_line(pts: list[tuple[float, float, float]], min_span_ns: int) -> t
 
 
 @dataclass(slots=True)
+class _Epoch:
+    """One epoch of a domain: per fit, the domain time of its beacon, and the fit with its pin."""
+
+    domain_ns: list[int] = field(default_factory=list)
+    fits: list[tuple[ClockFit, int]] = field(default_factory=list)
+    beacons_since: int = 0  # beacons of later epochs taken since this one ended
+
+
+@dataclass(slots=True)
 class DomainTrack:
     """A domain's beacons in arrival order with the fit after each, for placing samples
     deterministically: a sample is corrected with the fit of the first beacon read after
@@ -244,18 +258,24 @@ class DomainTrack:
     ``position`` of a beacon is its Kafka offset; ``pin`` of a fit is the offset of the
     oldest beacon its window holds: replaying from there rebuilds that same fit.
 
+    After a reset the previous epoch is kept for a while: its stragglers (samples stamped
+    before the reset, read after it) are placed with its fits, the ones after its last
+    beacon with its last fit. Samples are told apart by domain time, which works when a
+    reset steps back further than ``epoch_slack_ns`` (a reboot, a clock that restarts
+    from zero); a collector whose clock only steps a little should name each epoch as its
+    own domain (``nvml:node-07:boot-3``), which needs no guessing at all.
+
     >>> t = DomainTrack(ClockParams())
     >>> t.add(ClockBeacon("n", "d", 1_000, 5_000, 5_040), position=7)
-    >>> t.fit_for(900)[0].to_utc(900), t.fit_for(900)[1]
+    >>> t.fit_for(900, 900)[0].to_utc(900), t.fit_for(900, 900)[1]
     (4920, 7)
-    >>> t.fit_for(1_001) is None  # no beacon after it yet: wait
+    >>> t.fit_for(1_001, 1_001) is None  # no beacon after it yet: wait
     True
     """
 
     params: ClockParams
     estimator: ClockEstimator = field(init=False)
-    domain_ns: list[int] = field(default_factory=list)  # per fit, the domain time of its beacon
-    fits: list[tuple[ClockFit, int]] = field(default_factory=list)
+    epochs: list[_Epoch] = field(default_factory=list)  # oldest first; the last is the current one
     positions: deque[int] = field(default_factory=deque)  # of the beacons in the estimator's window
     added: int = 0  # beacons taken so far: a cheap "anything new?" for callers
 
@@ -266,27 +286,46 @@ class DomainTrack:
         epoch = self.estimator.epoch
         if not self.estimator.add(b):
             return
-        if self.estimator.epoch != epoch:  # reset: fits of the old epoch cannot place new samples
-            self.domain_ns.clear()
-            self.fits.clear()
+        if self.estimator.epoch != epoch or not self.epochs:
+            self.epochs.append(_Epoch())
             self.positions.clear()
+        if len(self.epochs) > 1:
+            for old in self.epochs[:-1]:
+                old.beacons_since += 1
+            kept = [e for e in self.epochs[:-1] if e.beacons_since <= self.params.old_epoch_beacons]
+            self.epochs = [*kept[-3:], self.epochs[-1]]  # bounded, whatever the reset rate
         self.positions.append(position)
         while len(self.positions) > len(self.estimator.beacons):
             self.positions.popleft()
         fit = self.estimator.fit
         assert fit is not None
-        self.domain_ns.append(b.domain_ns)
-        self.fits.append((fit, self.positions[0]))
+        cur = self.epochs[-1]
+        cur.domain_ns.append(b.domain_ns)
+        cur.fits.append((fit, self.positions[0]))
         self.added += 1
-        if len(self.fits) > self.params.history:  # bounded: a sample older than this is late anyway
-            del self.domain_ns[0]
-            del self.fits[0]
+        if len(cur.fits) > self.params.history:  # bounded: a sample older than this is late anyway
+            del cur.domain_ns[0]
+            del cur.fits[0]
 
-    def fit_for(self, domain_ns: int) -> tuple[ClockFit, int] | None:
-        """The fit for a sample at ``domain_ns`` and the offset it pins; None until a later beacon."""
-        i = bisect.bisect_left(self.domain_ns, domain_ns)
-        return self.fits[i] if i < len(self.fits) else None
+    def fit_for(self, lo: int, hi: int) -> tuple[ClockFit, int] | None:
+        """The fit for samples stamped ``lo``..``hi`` and the offset it pins; None until a
+        beacon after them is read (or when no epoch can hold them)."""
+        if not self.epochs:
+            return None
+        slack = self.params.epoch_slack_ns
+        cur = self.epochs[-1]
+        if cur.domain_ns[0] - slack <= lo and hi <= cur.domain_ns[-1]:
+            return cur.fits[bisect.bisect_left(cur.domain_ns, hi)]
+        for old in reversed(self.epochs[:-1]):
+            if old.domain_ns[0] - slack <= lo and hi <= old.domain_ns[-1] + slack:
+                return old.fits[min(bisect.bisect_left(old.domain_ns, hi), len(old.fits) - 1)]
+        return None
 
     @property
     def latest(self) -> ClockFit | None:
-        return self.fits[-1][0] if self.fits else None
+        return self.epochs[-1].fits[-1][0] if self.epochs else None
+
+    def pin(self) -> int | None:
+        """The oldest beacon offset a replay needs for the fits samples still to come may use."""
+        pins = [e.fits[-1][1] for e in self.epochs]
+        return min(pins) if pins else None
