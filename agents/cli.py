@@ -145,9 +145,13 @@ async def _stop_when_idle(ingestor: Any, stop: asyncio.Event, idle_s: float) -> 
 @click.option("--mode", type=click.Choice(["live", "backlog"]), default="live", show_default=True,
               help="live: in real time from now; backlog: the last DURATION seconds, as fast as possible.")
 @click.option("--bad-every", default=0, help="Also send a corrupted copy of every N-th message (0 = never).")
+@click.option("--clock-domains", is_flag=True,
+              help="Stamp each node's GPU streams with a skewed, drifting GPU clock and publish clock.sync beacons.")
+@click.option("--clock-reset", type=float, default=None, metavar="SECONDS",
+              help="With --clock-domains: every node's GPU clock reboots this many seconds into the run.")
 @click.pass_context
 def simulate(ctx: click.Context, nodes: int, gpus: int, duration: float, seed: int, batch_size: int, mode: str,
-             bad_every: int) -> None:
+             bad_every: int, clock_domains: bool, clock_reset: float | None) -> None:
     """Publish a simulated GPU cluster (all 23 streams and K8s events) to Kafka."""
     from agents.admin import ensure_topics
     from agents.simulator import SimulatorPublisher
@@ -158,7 +162,10 @@ def simulate(ctx: click.Context, nodes: int, gpus: int, duration: float, seed: i
     now = time.time_ns()
     start = now if mode == "live" else now - int(duration * 1e9)
     params = SimParams(nodes=nodes, gpus=gpus, seed=seed, start_ns=start)
-    pub = SimulatorPublisher(settings, params, batch_size=batch_size, bad_every=bad_every)
+    if clock_reset is not None and not clock_domains:
+        raise click.UsageError("--clock-reset needs --clock-domains")
+    pub = SimulatorPublisher(settings, params, batch_size=batch_size, bad_every=bad_every,
+                             clock_domains=clock_domains, clock_reset_s=clock_reset)
     t0 = time.monotonic()
     st = pub.live(duration) if mode == "live" else pub.backlog(duration)
     secs = time.monotonic() - t0

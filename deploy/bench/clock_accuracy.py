@@ -67,6 +67,7 @@ def run(domains: int, seconds: int, seed: int) -> dict[str, object]:
             "wrong_cell_share_1s": float(np.mean(est_utc // S != true // S)),
         }
     # Cost of applying a fit, vectorized as the aligner would: ns per sample.
+    assert fit is not None  # the last domain's fit
     dom = np.arange(2_000_000, dtype=np.int64) * 1_000_000
     t = time.perf_counter()
     for _ in range(5):

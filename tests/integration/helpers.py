@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -63,9 +63,14 @@ def stored_frames(settings: Settings) -> tuple[Rows, int]:
     for ms, node, gpu, *vals in rows:
         row = dict(zip(cols, vals, strict=True))
         for c in ddl.COUNT_COLS:
-            row[c] = int(row[c])  # type: ignore[call-overload]
+            row[c] = int(row[c])
         out[(str(node), str(gpu), int(ms) * 1_000_000)] = row
     return out, len(rows)
+
+
+def sample_total(rows: Rows, count_column: str) -> int:
+    """Samples counted in ``count_column`` over all frames (count cells always hold ints)."""
+    return sum(cast(int, r[count_column]) for r in rows.values())
 
 
 def assert_frames_equal(got: Rows, want: Rows) -> None:
@@ -93,7 +98,12 @@ class Worker:
         self.last: dict[str, Any] = {}
         stream = self.proc.stderr
         assert stream is not None
-        threading.Thread(target=lambda: [self._lines.put(ln) for ln in stream], daemon=True).start()
+
+        def pump() -> None:
+            for ln in stream:
+                self._lines.put(ln)
+
+        threading.Thread(target=pump, daemon=True).start()
 
     def _take(self, line: str) -> bool:
         """Note a line; whether it was a stats line."""

@@ -78,3 +78,15 @@ def test_simulate_backlog_prints_one_json_summary(base_settings: Settings) -> No
     assert summary["messages"] > 0 and summary["samples"] > 0
     assert summary["bad"] == 0
     assert summary["samples"] >= summary["messages"]  # up to 10 samples per message
+
+
+def test_simulate_with_rebooting_clock_domains_feeds_the_worker(base_settings: Settings) -> None:
+    out = flopwatch(base_settings, "simulate", "--mode", "backlog", "--duration", "8", "--nodes", "1", "--gpus", "1",
+                    "--batch-size", "10", "--clock-domains", "--clock-reset", "4")
+    assert out.returncode == 0, out.stderr[-4000:]
+    sent = json.loads(out.stdout)
+    stats = run_worker_until_idle(base_settings)
+    assert stats["beacons"] > 0 and stats["rejects"] == {} and stats["samples"] == sent["samples"]
+
+    misuse = flopwatch(base_settings, "simulate", "--clock-reset", "4")
+    assert misuse.returncode == 2 and "--clock-reset needs --clock-domains" in misuse.stderr

@@ -11,7 +11,7 @@ from agents.settings import Settings
 from agents.simulator import SimulatorPublisher
 from schemas.catalog import CATALOG
 from streams.simulate import SimParams
-from tests.integration.helpers import expected_frames, run_worker_until_idle, stored_frames
+from tests.integration.helpers import expected_frames, run_worker_until_idle, sample_total, stored_frames
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +36,7 @@ def test_skewed_domains_are_corrected_onto_utc(base_settings: Settings) -> None:
     # within 2 ms of a cell edge: a handful may change cells. Every sample is still counted once.
     assert same >= 0.995 * len(cells), f"{len(cells) - same} of {len(cells)} cells differ"
     for s in CATALOG:
-        assert sum(r[s.count_column] for r in got.values()) == sum(r[s.count_column] for r in want.values())
+        assert sample_total(got, s.count_column) == sample_total(want, s.count_column)
     # Frames say how sure their alignment is: GPU rows used corrected times, host rows did not.
     backend = open_backend(base_settings)
     try:
@@ -72,7 +72,7 @@ def test_sigkill_with_clock_domains_loses_and_duplicates_nothing(base_settings: 
     assert nrows == len(got), f"{nrows - len(got)} duplicate rows"
     assert got.keys() == want.keys()
     for s in CATALOG:  # every sample exactly once, across the crash
-        assert sum(r[s.count_column] for r in got.values()) == sum(r[s.count_column] for r in want.values())
+        assert sample_total(got, s.count_column) == sample_total(want, s.count_column)
     assert sent.samples > 0
 
 
@@ -94,7 +94,7 @@ def test_a_clock_reboot_mid_run_places_both_epochs(base_settings: Settings) -> N
     got, nrows = stored_frames(base_settings)
     assert nrows == len(got) and got.keys() == want.keys()
     for s in CATALOG:
-        assert sum(r[s.count_column] for r in got.values()) == sum(r[s.count_column] for r in want.values()), s.name
+        assert sample_total(got, s.count_column) == sample_total(want, s.count_column), s.name
     cells = [(key, s.count_column) for key in want for s in CATALOG]
     same = sum(got[k][c] == want[k][c] for k, c in cells)
     assert same >= 0.99 * len(cells), f"{len(cells) - same} of {len(cells)} cells differ"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import cast
 
 import orjson
 import pytest
@@ -28,8 +29,10 @@ def read_dlq(settings: Settings, expect: int, timeout_s: float = 30.0) -> list[t
         msg = consumer.poll(0.5)
         if msg is None or msg.error():
             continue
-        headers = {k: (v or b"").decode() for k, v in msg.headers() or []}
-        out.append((msg.value(), headers))
+        # A plain Consumer gives headers as (key, bytes or None) pairs and the value as bytes.
+        pairs = cast("list[tuple[str, bytes | None]]", msg.headers() or [])
+        headers = {k: (v or b"").decode() for k, v in pairs}
+        out.append((cast(bytes, msg.value()), headers))
     # Nothing more than expected may arrive either.
     extra = consumer.poll(2.0)
     consumer.close()

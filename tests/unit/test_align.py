@@ -185,8 +185,9 @@ def test_recovered_boundary_and_counter_continue_a_crashed_run() -> None:
     frames = out(full.flush_all())
     first, rest = frames[0], frames[1:]
     # A restart that knows tick T0 is written and the counter stood at 6 there.
-    again = GridAligner(AlignParams(allowed_lateness_ns=0),
-                        Recovered({"n": first.tick_ns}, {("n", "0", e): first.values[VALUE_COLUMNS.index("ecc_errors_last")]}))
+    last = first.values[VALUE_COLUMNS.index("ecc_errors_last")]
+    assert last is not None  # the first cell has samples
+    again = GridAligner(AlignParams(allowed_lateness_ns=0), Recovered({"n": first.tick_ns}, {("n", "0", e): last}))
     again.add("n", "0", e, [t for t, _ in pts], [v for _, v in pts])
     done = again.flush_all()
     assert [x.indices for x in done.late] == [[0, 1, 2]]

@@ -7,22 +7,23 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.align import AlignParams, GridAligner
-from tests.oracle import oracle
+from streams.align import AlignParams, Frame, GridAligner
+from tests.oracle import Series, oracle
 from tests.unit.test_align import GRID, as_rows, assert_same, make_samples
 
 LATENESS = 2 * GRID
 
 
-def arrivals(samples: dict, rng: random.Random, max_delay: int) -> list[tuple[tuple[str, str, int], int, float]]:
+def arrivals(samples: dict[Series, list[tuple[int, float]]], rng: random.Random, max_delay: int) -> list[tuple[tuple[str, str, int], int, float]]:
     """Single samples in the order they would arrive if each were delayed by up to ``max_delay``."""
     flat = [(k, t, v) for k, pts in samples.items() for t, v in pts]
     keyed = [(t + rng.randrange(max_delay + 1), i) for i, (_, t, _) in enumerate(flat)]
     return [flat[i] for _, i in sorted(keyed)]
 
 
-def run(aligner: GridAligner, order: list[tuple[tuple[str, str, int], int, float]], every: int = 7):
-    frames, late = [], 0
+def run(aligner: GridAligner, order: list[tuple[tuple[str, str, int], int, float]], every: int = 7) -> tuple[list[Frame], int]:
+    frames: list[Frame] = []
+    late = 0
     for i, ((node, gpu, si), t, v) in enumerate(order):
         aligner.add(node, gpu, si, [t], [v], source=si, position=i)
         if i % every == 0:

@@ -107,8 +107,8 @@ def test_beacon_and_event_rejects() -> None:
     assert isinstance(res, Reject) and res.reason == RejectReason.OUT_OF_RANGE
     res = decode_beacon(orjson.dumps({**b, "domain_ns": "x"}))
     assert isinstance(res, Reject) and res.reason == RejectReason.WRONG_TYPE
-    res = decode_k8s_event(orjson.dumps({"v": 1, "node": "n", "ts_ns": NOW, "type": "Normal"}))
-    assert isinstance(res, Reject) and res.reason == RejectReason.MISSING_FIELD
-    res = decode_k8s_event(orjson.dumps({"v": 1, "node": "n", "ts_ns": NOW, "type": "N", "reason": "R",
-                                         "gpus": [1]}))
-    assert isinstance(res, Reject) and res.reason == RejectReason.WRONG_TYPE
+    ev = decode_k8s_event(orjson.dumps({"v": 1, "node": "n", "ts_ns": NOW, "type": "Normal"}))
+    assert isinstance(ev, Reject) and ev.reason == RejectReason.MISSING_FIELD
+    ev = decode_k8s_event(orjson.dumps({"v": 1, "node": "n", "ts_ns": NOW, "type": "N", "reason": "R",
+                                        "gpus": [1]}))
+    assert isinstance(ev, Reject) and ev.reason == RejectReason.WRONG_TYPE
