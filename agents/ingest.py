@@ -311,17 +311,15 @@ class Ingestor:
                         # beacon read after it, which may already be here; else it waits.
                         key = (res.node, res.clock)
                         lo, hi = res.span
-                        wait = held.get(key)
                         track = tracks.get(key)
-                        # Behind older waiters it waits too: a series then reaches the aligner in
-                        # order, which spares it a full sort of the poll.
-                        found = track.fit_for(lo, hi) if track is not None and not (wait and wait.items) else None
+                        found = track.fit_for(lo, hi) if track is not None else None
                         if found is not None:
                             aligner.add(res.node, res.gpu, si, res.ts_ns, res.value, res.labels, si, rec.offset,
                                         found[0])
                             waiting[(si, rec.offset)] = rec
                             placed.append((si, rec.offset, found[1]))
                             continue
+                        wait = held.get(key)
                         if wait is None:
                             wait = held[key] = _DomainWait()
                         if len(wait.items) >= MAX_HELD:  # bounded: the oldest waiter gives way
