@@ -289,9 +289,10 @@ class GridAligner:
         sid = np.repeat(np.array(self._p_sid, np.int64), lens)
         src = np.repeat(np.array(self._p_src, np.int64), lens)
         pos = np.repeat(np.array(self._p_pos, np.int64), lens)
-        unc = np.zeros(len(ts), np.int64)
         if self._p_fix:
-            ts, unc = self._correct(ts, lens, unc)
+            ts, unc = self._correct(ts, lens)
+        else:
+            unc = np.zeros(len(ts), np.int64)
         msg_src, msg_pos = self._p_src, self._p_pos
         self._p_ts, self._p_v = array("q"), array("d")
         self._p_sid, self._p_len, self._p_src, self._p_pos, self._p_fix = [], [], [], [], []
@@ -323,23 +324,29 @@ class GridAligner:
         self._o_unc = np.concatenate((self._o_unc, unc))
         return out
 
-    def _correct(self, ts: I64, lens: I64, unc: I64) -> tuple[I64, I64]:
-        """utc = t + base + round(offset + drift * (t - ref)) for the messages that carry a correction."""
-        msg = np.array([i for i, _ in self._p_fix], np.int64)
+    def _correct(self, ts: I64, lens: I64) -> tuple[I64, I64]:
+        """utc = t + base + round(offset + drift * (t - ref)) for the messages that carry a correction.
+
+        Every message of the poll takes part, the uncorrected ones with the identity, so the
+        arithmetic runs over whole arrays with no masks, gathers or scatters (it is memory-bound).
+        """
+        m = len(lens)
+        base, ref, unc = np.zeros(m, np.int64), np.zeros(m, np.int64), np.zeros(m, np.int64)
+        off, drift = np.zeros(m), np.zeros(m)
+        at = [i for i, _ in self._p_fix]
         fixes = [c for _, c in self._p_fix]
-        per_msg = np.zeros(len(lens), bool)
-        per_msg[msg] = True
-        rows = np.repeat(per_msg, lens)
-        n = lens[msg]
-        base = np.repeat(np.array([c.base_ns for c in fixes], np.int64), n)
-        off = np.repeat(np.array([c.offset_ns for c in fixes]), n)
-        drift = np.repeat(np.array([c.drift for c in fixes]), n)
-        ref = np.repeat(np.array([c.ref_ns for c in fixes], np.int64), n)
-        t = ts[rows]
-        out = ts.copy()
-        out[rows] = t + base + np.round(off + drift * (t - ref)).astype(np.int64)
-        unc[rows] = np.repeat(np.array([c.uncertainty_ns for c in fixes], np.int64), n)
-        return out, unc
+        base[at] = [c.base_ns for c in fixes]
+        ref[at] = [c.ref_ns for c in fixes]
+        unc[at] = [c.uncertainty_ns for c in fixes]
+        off[at] = [c.offset_ns for c in fixes]
+        drift[at] = [c.drift for c in fixes]
+        shift = (ts - np.repeat(ref, lens)).astype(np.float64)
+        shift *= np.repeat(drift, lens)  # exactly 0 where drift is 0, however coarse the float
+        shift += np.repeat(off, lens)
+        np.rint(shift, out=shift)
+        out = ts + shift.astype(np.int64)
+        out += np.repeat(base, lens)
+        return out, np.repeat(unc, lens)
 
     def _arr(self, name: str) -> I64:
         """A series registry list as an array, rebuilt only when series were added."""

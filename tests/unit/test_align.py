@@ -232,3 +232,29 @@ def test_a_clock_correction_moves_samples_onto_utc_and_reports_its_uncertainty()
     assert frames["0"].tick_ns == T0 and frames["0"].values[VALUE_COLUMNS.index("power")] == 150.0
     unc = dict(zip(done.frames.gpu, done.frames.clock_uncertainty_ns.tolist(), strict=True))
     assert unc == {"0": 40_000, "host": 0}
+
+
+def test_corrections_of_a_poll_match_each_fit_applied_alone() -> None:
+    """The vectorized correction of a mixed poll (UTC messages among corrected ones) gives
+    exactly what ``ClockFit.to_utc`` gives sample by sample."""
+
+
+    from streams.clock import ClockFit
+
+    rng = random.Random(5)
+    grid = 100_000_000
+    a = GridAligner(AlignParams(grid_ns=grid, allowed_lateness_ns=0))
+    p = BY_NAME["power"].index
+    want: dict[str, int] = {}
+    for i in range(300):
+        t = T0 + rng.randrange(60 * 10**9)
+        if i % 3 == 0:
+            a.add("n", f"u{i}", p, [t], [1.0])
+            want[f"u{i}"] = t // grid * grid
+            continue
+        fit = ClockFit(base_ns=rng.randrange(-2 * 10**9, 2 * 10**9), offset_ns=rng.uniform(-1e6, 1e6),
+                       drift=rng.uniform(-1e-4, 1e-4), ref_ns=t - rng.randrange(10**11), uncertainty_ns=7, epoch=0)
+        a.add("n", f"c{i}", p, [t], [1.0], correction=fit)
+        want[f"c{i}"] = fit.to_utc(t) // grid * grid
+    got = {f.gpu: f.tick_ns for f in a.flush_all().frames.frames()}
+    assert got == want
