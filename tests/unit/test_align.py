@@ -237,8 +237,6 @@ def test_a_clock_correction_moves_samples_onto_utc_and_reports_its_uncertainty()
 def test_corrections_of_a_poll_match_each_fit_applied_alone() -> None:
     """The vectorized correction of a mixed poll (UTC messages among corrected ones) gives
     exactly what ``ClockFit.to_utc`` gives sample by sample."""
-
-
     from streams.clock import ClockFit
 
     rng = random.Random(5)
