@@ -27,7 +27,7 @@ import concurrent.futures
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,7 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import CommitFailedError
 
 from agents.clickhouse import Backend, ensure_schema, open_backend
+from agents.clocks import ClockDomains
 from agents.deadletter import DeadLetter
 from agents.producer import SampleProducer
 from agents.settings import Settings
@@ -44,15 +45,14 @@ from agents.store import FrameStore, Pending, Progress
 from agents.topics import Topics, aiokafka_config
 from schemas.catalog import CATALOG
 from schemas.codec import TimeLimits, decode_beacon, decode_k8s_event, decode_samples
-from schemas.records import UTC_CLOCK, Reject, RejectReason, SampleBatch
+from schemas.records import UTC_CLOCK, Reject, RejectReason
 from streams.align import GridAligner, LateSamples, Recovered
-from streams.clock import ClockParams, DomainTrack
+from streams.clock import ClockParams
 
 log = logging.getLogger(__name__)
 _SENSOR, _EVENTS, _CLOCK = 0, 1, 2
 COMMIT_TIMEOUT_S = 30.0
 POSITION_PROBE_S = 0.2  # how long one loop turn waits for Kafka to tell unread partitions' positions
-MAX_HELD = 100_000  # clock-domain messages waiting for a beacon, per domain
 
 
 class CommitError(RuntimeError):
@@ -85,27 +85,6 @@ class IngestStats:
                 "rejects": dict(self.rejects), "lag": self.lag,
                 "flushes": self.flushes, "open_cells": self.open_cells, "held": self.held,
                 "late": dict(self.late)}
-
-
-@dataclass(slots=True)
-class _Held:
-    """A sample message in a clock domain, waiting for a beacon read after it."""
-
-    rec: ConsumerRecord[bytes, bytes]
-    batch: SampleBatch
-    sensor: int
-    since: float
-    lo: int  # earliest and latest domain time in the message
-    hi: int
-
-
-@dataclass(slots=True)
-class _DomainWait:
-    """Messages of one (node, clock) domain waiting for a beacon, oldest first."""
-
-    items: list[_Held] = field(default_factory=list)
-    tried: int = -1  # beacons the domain had when placement was last tried
-    guess: int | None = None  # earliest UTC the waiting samples will land at, roughly
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -150,12 +129,7 @@ class Ingestor:
         # Records handed to an aligner since its last advance, by (partition, topic index, offset):
         # a late verdict comes back from advance() and needs the original bytes.
         self._waiting: dict[int, dict[tuple[int, int], ConsumerRecord[bytes, bytes]]] = {}
-        # Clock domains per partition: beacons and fits, samples waiting for a beacon after
-        # them, and the beacon offsets that placed samples still depend on (for commits).
-        self._domains: dict[int, dict[tuple[str, str], DomainTrack]] = {}
-        self._held: dict[int, dict[tuple[str, str], _DomainWait]] = {}
-        self._placed: dict[int, list[tuple[int, int, int]]] = {}  # (topic index, offset, beacon pin)
-        self._clock_params = ClockParams()
+        self._clocks = ClockDomains(ClockParams(), settings.clock_wait_s)
         self._progress = Progress(Recovered())
         self._dirty = False
         self._lock = asyncio.Lock()
@@ -191,9 +165,7 @@ class Ingestor:
             for p in {tp.partition for tp in revoked}:
                 self._aligners.pop(p, None)
                 self._unheard.pop(p, None)
-                self._domains.pop(p, None)
-                self._held.pop(p, None)
-                self._placed.pop(p, None)
+                self._clocks.drop(p)
             for tp in revoked:
                 self._waiting.pop(tp.partition, None)
                 self._next.pop(tp, None)
@@ -252,6 +224,7 @@ class Ingestor:
             async with self._lock:
                 if drain:
                     self._place_held()
+                    self._dead_letter_expired()
                     for p, aligner in self._aligners.items():
                         adv = aligner.flush_all()
                         self._store.add_frames(adv.frames)
@@ -296,9 +269,7 @@ class Ingestor:
                 name = CATALOG[si].name
                 waiting = self._waiting.setdefault(tp.partition, {})
                 tp_max = self._tp_max_ts.get(tp, 0)
-                held = self._held.setdefault(tp.partition, {})
-                tracks = self._domains.get(tp.partition, {})
-                placed = self._placed.setdefault(tp.partition, [])
+                clocks = self._clocks
                 now = time.monotonic()
                 for rec in records:
                     res = decode_samples(rec.value or b"", name, limits)
@@ -306,25 +277,8 @@ class Ingestor:
                         dlq.send(res, rec.value, rec.key, tp.topic, tp.partition, rec.offset, rec.headers)
                         continue
                     stats.samples += len(res.ts_ns)
-                    if res.clock != UTC_CLOCK:
-                        # Never placed on a guessed time: corrected with the fit of the first
-                        # beacon read after it, which may already be here; else it waits.
-                        key = (res.node, res.clock)
-                        lo, hi = res.span
-                        track = tracks.get(key)
-                        found = track.fit_for(lo, hi) if track is not None else None
-                        if found is not None:
-                            aligner.add(res.node, res.gpu, si, res.ts_ns, res.value, res.labels, si, rec.offset,
-                                        found[0])
-                            waiting[(si, rec.offset)] = rec
-                            placed.append((si, rec.offset, found[1]))
-                            continue
-                        wait = held.get(key)
-                        if wait is None:
-                            wait = held[key] = _DomainWait()
-                        if len(wait.items) >= MAX_HELD:  # bounded: the oldest waiter gives way
-                            self._no_clock(tp.partition, wait.items.pop(0), "the waiting list is full")
-                        wait.items.append(_Held(rec, res, si, now, lo, hi))
+                    if res.clock != UTC_CLOCK:  # placed with a beacon read after it, or held for one
+                        clocks.offer(tp.partition, aligner, waiting, rec, res, si, now)
                         continue
                     hi = res.ts_max if res.ts_max is not None else res.ts_ns[-1]
                     if hi > tp_max:
@@ -347,11 +301,7 @@ class Ingestor:
                         dlq.send(beacon, rec.value, rec.key, tp.topic, tp.partition, rec.offset, rec.headers)
                     else:
                         stats.beacons += 1
-                        tracks = self._domains.setdefault(tp.partition, {})
-                        track = tracks.get((beacon.node, beacon.clock))
-                        if track is None:
-                            track = tracks[(beacon.node, beacon.clock)] = DomainTrack(self._clock_params)
-                        track.add(beacon, rec.offset)
+                        self._clocks.beacon(tp.partition, beacon, rec.offset)
             self._next[tp] = records[-1].offset + 1
             unheard = self._unheard.get(tp.partition)
             if unheard:
@@ -426,67 +376,26 @@ class Ingestor:
         return hold
 
     def _place_held(self) -> dict[int, int]:
-        """Correct and place held samples whose domain has a beacon after them; dead-letter the
-        ones that waited too long; return, per partition, the event time still held back."""
-        hold: dict[int, int] = {}
-        wait_s = self.settings.clock_wait_s
-        now = time.monotonic()
-        for p, domains in self._held.items():
-            aligner = self._aligners.get(p)
-            if aligner is None:
-                continue
-            tracks = self._domains.get(p, {})
-            for key, wait in domains.items():
-                if not wait.items:
-                    continue
-                track = tracks.get(key)
-                version = track.added if track is not None else 0
-                # Retry only when the domain got a beacon since the last try (or one waited too long).
-                if version != wait.tried or now - wait.items[0].since > wait_s:
-                    wait.tried = version
-                    wait.items, wait.guess = self._try_place(p, aligner, track, wait.items, now - wait_s)
-                if wait.guess is not None:  # where the rest will land, roughly: cells there stay open
-                    hold[p] = min(hold.get(p, wait.guess), wait.guess)
-        self.stats.held = sum(len(w.items) for d in self._held.values() for w in d.values())
+        hold = self._clocks.place_held(self._aligners, self._waiting)
+        self.stats.held = self._clocks.held
         return hold
 
-    def _try_place(self, p: int, aligner: GridAligner, track: DomainTrack | None, items: list[_Held],
-                   expired: float) -> tuple[list[_Held], int | None]:
-        keep: list[_Held] = []
-        guess: int | None = None
-        latest = track.latest if track is not None else None
-        waiting = self._waiting.setdefault(p, {})
-        placed = self._placed.setdefault(p, [])
-        for h in items:
-            found = track.fit_for(h.lo, h.hi) if track is not None else None
-            if found is not None:
-                fit, pin = found
-                b = h.batch
-                aligner.add(b.node, b.gpu, h.sensor, b.ts_ns, b.value, b.labels, h.sensor, h.rec.offset, fit)
-                waiting[(h.sensor, h.rec.offset)] = h.rec
-                placed.append((h.sensor, h.rec.offset, pin))
-            elif h.since < expired:
-                self._no_clock(p, h, f"none within {self.settings.clock_wait_s:g} s")
-            else:
-                keep.append(h)
-                # With no fit yet the sample could land anywhere within the domain's offset, so
-                # nothing of the partition may close until a beacon (or the wait) decides it.
-                at = latest.to_utc(h.lo) if latest is not None else 0
-                guess = at if guess is None else min(guess, at)
-        return keep, guess
-
-    def _no_clock(self, partition: int, h: _Held, why: str) -> None:
+    def _dead_letter_expired(self) -> None:
         assert self._dlq is not None
-        b = h.batch
-        self._dlq.send(Reject(RejectReason.NO_CLOCK, f"no clock.sync beacon of {b.clock!r} on {b.node} after these "
-                              f"samples: {why}"), h.rec.value, h.rec.key, self.topics.sensor(h.sensor), partition,
-                       h.rec.offset, h.rec.headers)
-        self.stats.rejects = self._dlq.counts
+        expired, self._clocks.expired = self._clocks.expired, []
+        for partition, h, why in expired:
+            b = h.batch
+            self._dlq.send(Reject(RejectReason.NO_CLOCK, f"no clock.sync beacon of {b.clock!r} on {b.node} after "
+                                  f"these samples: {why}"), h.rec.value, h.rec.key, self.topics.sensor(h.sensor),
+                           partition, h.rec.offset, h.rec.headers)
+        if expired:
+            self.stats.rejects = self._dlq.counts
 
     def _advance(self) -> None:
         assert self._store is not None
         now = self._clock_ns()
         held = self._place_held()
+        self._dead_letter_expired()
         hold = self._source_holds()
         for p, ts in held.items():
             hold[p] = min(hold.get(p, ts), ts)
@@ -523,20 +432,15 @@ class Ingestor:
         store, dlq, consumer = self._store, self._dlq, self._consumer
         assert store is not None and dlq is not None and consumer is not None
         await self._settle()
+        self._dead_letter_expired()  # before the commit moves past them
         # Commit points first, while the emitted frames and open cells are in step.
         commit: dict[TopicPartition, int] = {}
         oldest = {p: a.oldest_positions() for p, a in self._aligners.items()}
         assigned = consumer.assignment()
         for tp in [tp for tp in self._next if tp not in assigned]:
             del self._next[tp]  # gone without a revoke (its topic was deleted): nothing to commit there
-        beacon_pins = self._beacon_pins(oldest)
-        waiting: dict[tuple[int, int], int] = {}  # (partition, topic index) -> oldest held offset
-        for p, domains in self._held.items():
-            for domain in domains.values():
-                for h in domain.items:
-                    key = (p, h.sensor)
-                    if h.rec.offset < waiting.get(key, h.rec.offset + 1):
-                        waiting[key] = h.rec.offset
+        beacon_pins = self._clocks.pins(oldest)
+        waiting = self._clocks.oldest_held()  # (partition, topic index) -> oldest held offset
         for tp, nxt in self._next.items():
             kind, si = self._route[tp.topic]
             held: int | None = None
@@ -581,22 +485,6 @@ class Ingestor:
         st.flushes += 1
         if self._on_flush is not None:
             self._on_flush(st)
-
-    def _beacon_pins(self, oldest: dict[int, dict[Hashable, int]]) -> dict[int, int]:
-        """Per partition, the oldest clock.sync offset a replay needs to rebuild every fit still in use:
-        fits of samples in open cells, and the newest fit of every epoch kept (for samples to come)."""
-        pins: dict[int, int] = {}
-        for p, placed in self._placed.items():
-            open_from = oldest.get(p, {})
-            placed[:] = [x for x in placed if x[1] >= open_from.get(x[0], x[1] + 1)]
-            for _, _, pin in placed:
-                pins[p] = min(pins.get(p, pin), pin)
-        for p, tracks in self._domains.items():
-            for track in tracks.values():
-                need = track.pin()
-                if need is not None:
-                    pins[p] = min(pins.get(p, need), need)
-        return pins
 
     async def _settle(self) -> None:
         task, self._inflight = self._inflight, None

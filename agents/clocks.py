@@ -1,0 +1,176 @@
+"""Clock-domain samples inside the worker: beacons, samples waiting for one, and what commits must keep.
+
+A sample stamped by a clock domain other than UTC is never placed on a guessed time.
+It is corrected with the fit of the first ``clock.sync`` beacon of its domain read
+after it (``streams.clock.DomainTrack``): at once when that beacon is already here,
+otherwise it waits, in a bounded list per domain, and holds its partition's cells
+open meanwhile. One that waits longer than the configured time is handed back for the
+dead-letter topic (``no_clock``).
+
+Replays must rebuild the same fits, so the ``clock.sync`` offset a partition commits
+is held back to the oldest beacon still needed: by samples sitting in open cells, and
+by the newest fit of every kept epoch (for the samples still to come).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from aiokafka import ConsumerRecord
+
+from schemas.records import ClockBeacon, SampleBatch
+from streams.align import GridAligner
+from streams.clock import ClockParams, DomainTrack
+
+MAX_HELD = 100_000  # clock-domain messages waiting for a beacon, per domain
+Domain = tuple[str, str]  # (node, clock)
+Waiting = dict[tuple[int, int], ConsumerRecord[bytes, bytes]]  # (topic index, offset) -> record
+
+
+@dataclass(slots=True)
+class Held:
+    """A sample message in a clock domain, waiting for a beacon read after it."""
+
+    rec: ConsumerRecord[bytes, bytes]
+    batch: SampleBatch
+    sensor: int
+    since: float
+    lo: int  # earliest and latest domain time in the message
+    hi: int
+
+
+@dataclass(slots=True)
+class _DomainWait:
+    """Messages of one domain waiting for a beacon, oldest first."""
+
+    items: list[Held] = field(default_factory=list)
+    tried: int = -1  # beacons the domain had when placement was last tried
+    guess: int | None = None  # earliest UTC the waiting samples will land at, roughly
+
+
+class ClockDomains:
+    """The worker's clock domains, per partition number. ``expired`` collects what to dead-letter."""
+
+    def __init__(self, params: ClockParams, wait_s: float) -> None:
+        self._params = params
+        self._wait_s = wait_s
+        self._tracks: dict[int, dict[Domain, DomainTrack]] = {}
+        self._held: dict[int, dict[Domain, _DomainWait]] = {}
+        self._placed: dict[int, list[tuple[int, int, int]]] = {}  # (topic index, offset, beacon pin)
+        self.expired: list[tuple[int, Held, str]] = []  # (partition, message, why) for no_clock
+
+    def beacon(self, partition: int, b: ClockBeacon, offset: int) -> None:
+        tracks = self._tracks.setdefault(partition, {})
+        track = tracks.get((b.node, b.clock))
+        if track is None:
+            track = tracks[(b.node, b.clock)] = DomainTrack(self._params)
+        track.add(b, offset)
+
+    def offer(self, partition: int, aligner: GridAligner, waiting: Waiting, rec: ConsumerRecord[bytes, bytes],
+              batch: SampleBatch, sensor: int, now: float) -> None:
+        """Place a domain message if its beacon is here, else hold it."""
+        key = (batch.node, batch.clock)
+        lo, hi = batch.span
+        track = self._tracks.get(partition, {}).get(key)
+        found = track.fit_for(lo, hi) if track is not None else None
+        if found is not None:
+            aligner.add(batch.node, batch.gpu, sensor, batch.ts_ns, batch.value, batch.labels, sensor, rec.offset,
+                        found[0])
+            waiting[(sensor, rec.offset)] = rec
+            self._placed.setdefault(partition, []).append((sensor, rec.offset, found[1]))
+            return
+        held = self._held.setdefault(partition, {})
+        wait = held.get(key)
+        if wait is None:
+            wait = held[key] = _DomainWait()
+        if len(wait.items) >= MAX_HELD:  # bounded: the oldest waiter gives way
+            self.expired.append((partition, wait.items.pop(0), "the waiting list is full"))
+        wait.items.append(Held(rec, batch, sensor, now, lo, hi))
+
+    def place_held(self, aligners: dict[int, GridAligner], waiting: dict[int, Waiting]) -> dict[int, int]:
+        """Correct and place held messages whose domain has a beacon after them; move the ones
+        that waited too long to ``expired``; per partition, the event time still held back."""
+        hold: dict[int, int] = {}
+        now = time.monotonic()
+        for p, domains in self._held.items():
+            aligner = aligners.get(p)
+            if aligner is None:
+                continue
+            tracks = self._tracks.get(p, {})
+            for key, wait in domains.items():
+                if not wait.items:
+                    continue
+                track = tracks.get(key)
+                version = track.added if track is not None else 0
+                # Retry only when the domain got a beacon since the last try (or one waited too long).
+                if version != wait.tried or now - wait.items[0].since > self._wait_s:
+                    wait.tried = version
+                    wait.items, wait.guess = self._try_place(p, aligner, waiting.setdefault(p, {}), track,
+                                                             wait.items, now - self._wait_s)
+                if wait.guess is not None:  # where the rest will land, roughly: cells there stay open
+                    hold[p] = min(hold.get(p, wait.guess), wait.guess)
+        return hold
+
+    def _try_place(self, p: int, aligner: GridAligner, waiting: Waiting, track: DomainTrack | None,
+                   items: list[Held], expired: float) -> tuple[list[Held], int | None]:
+        keep: list[Held] = []
+        guess: int | None = None
+        latest = track.latest if track is not None else None
+        placed = self._placed.setdefault(p, [])
+        for h in items:
+            found = track.fit_for(h.lo, h.hi) if track is not None else None
+            if found is not None:
+                fit, pin = found
+                b = h.batch
+                aligner.add(b.node, b.gpu, h.sensor, b.ts_ns, b.value, b.labels, h.sensor, h.rec.offset, fit)
+                waiting[(h.sensor, h.rec.offset)] = h.rec
+                placed.append((h.sensor, h.rec.offset, pin))
+            elif h.since < expired:
+                self.expired.append((p, h, f"none within {self._wait_s:g} s"))
+            else:
+                keep.append(h)
+                # With no fit yet the sample could land anywhere within the domain's offset, so
+                # nothing of the partition may close until a beacon (or the wait) decides it.
+                at = latest.to_utc(h.lo) if latest is not None else 0
+                guess = at if guess is None else min(guess, at)
+        return keep, guess
+
+    @property
+    def held(self) -> int:
+        return sum(len(w.items) for d in self._held.values() for w in d.values())
+
+    def oldest_held(self) -> dict[tuple[int, int], int]:
+        """Per (partition, topic index), the oldest offset still waiting: commits stay below it."""
+        out: dict[tuple[int, int], int] = {}
+        for p, domains in self._held.items():
+            for domain in domains.values():
+                for h in domain.items:
+                    key = (p, h.sensor)
+                    if h.rec.offset < out.get(key, h.rec.offset + 1):
+                        out[key] = h.rec.offset
+        return out
+
+    def pins(self, oldest: dict[int, dict[Hashable, int]]) -> dict[int, int]:
+        """Per partition, the oldest clock.sync offset a replay needs to rebuild every fit still in
+        use: fits of samples in open cells (``oldest``: each aligner's oldest open position per
+        topic), and the newest fit of every epoch kept (for samples to come)."""
+        pins: dict[int, int] = {}
+        for p, placed in self._placed.items():
+            open_from = oldest.get(p, {})
+            placed[:] = [x for x in placed if x[1] >= open_from.get(x[0], x[1] + 1)]
+            for _, _, pin in placed:
+                pins[p] = min(pins.get(p, pin), pin)
+        for p, tracks in self._tracks.items():
+            for track in tracks.values():
+                need = track.pin()
+                if need is not None:
+                    pins[p] = min(pins.get(p, need), need)
+        return pins
+
+    def drop(self, partition: int) -> None:
+        """Forget a revoked partition: its next owner rebuilds all of it from Kafka."""
+        self._tracks.pop(partition, None)
+        self._held.pop(partition, None)
+        self._placed.pop(partition, None)

@@ -1,0 +1,80 @@
+"""The worker's clock-domain bookkeeping: holding, placing, expiring, and the offsets commits keep."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from aiokafka import ConsumerRecord
+
+import agents.clocks as clocks
+from agents.clocks import ClockDomains
+from schemas.catalog import BY_NAME
+from schemas.records import ClockBeacon, SampleBatch
+from streams.align import AlignParams, GridAligner
+from streams.clock import ClockParams
+
+S = 1_000_000_000
+T0 = 1_796_200_000 * S
+OFFSET = 3 * S  # utc = domain + OFFSET in this domain
+POWER = BY_NAME["power"].index
+
+
+def record(offset: int) -> ConsumerRecord[bytes, bytes]:
+    return ConsumerRecord("t", 0, offset, 0, 0, b"n", b"{}", None, 1, 2, [])
+
+
+def batch(domain_ns: int) -> SampleBatch:
+    return SampleBatch("power", "n", "0", [domain_ns], [300.0], "nvml:n", None, domain_ns, domain_ns)
+
+
+def beacon(domain_ns: int) -> ClockBeacon:
+    return ClockBeacon("n", "nvml:n", domain_ns, domain_ns + OFFSET - 10, domain_ns + OFFSET + 10)
+
+
+def test_a_message_waits_for_a_later_beacon_and_holds_its_partition_meanwhile() -> None:
+    doms = ClockDomains(ClockParams(), wait_s=60.0)
+    aligner = GridAligner(AlignParams(allowed_lateness_ns=0))
+    waiting: dict[int, clocks.Waiting] = {0: {}}
+    doms.offer(0, aligner, waiting[0], record(5), batch(100 * S), POWER, time.monotonic())
+    assert doms.place_held({0: aligner}, waiting) == {0: 0}  # no fit at all: nothing may close
+    assert doms.held == 1 and doms.oldest_held() == {(0, POWER): 5}
+
+    doms.beacon(0, beacon(99 * S), offset=40)  # before the sample: still no beacon after it
+    hold = doms.place_held({0: aligner}, waiting)
+    assert doms.held == 1 and hold == {0: 100 * S + OFFSET}  # where it will land, roughly
+
+    doms.beacon(0, beacon(101 * S), offset=41)
+    assert doms.place_held({0: aligner}, waiting) == {} and doms.held == 0
+    frames = aligner.flush_all().frames.frames()
+    assert [f.tick_ns for f in frames] == [(100 * S + OFFSET) // S * S]
+    # The placed sample's open cell pins the beacon window its fit came from.
+    assert doms.pins({0: {POWER: 5}}) == {0: 40}
+    assert not doms.expired
+
+
+def test_a_message_with_a_beacon_already_read_is_placed_at_once() -> None:
+    doms = ClockDomains(ClockParams(), wait_s=60.0)
+    aligner = GridAligner(AlignParams(allowed_lateness_ns=0))
+    doms.beacon(0, beacon(101 * S), offset=7)
+    waiting: clocks.Waiting = {}
+    doms.offer(0, aligner, waiting, record(3), batch(100 * S), POWER, time.monotonic())
+    assert doms.held == 0 and (POWER, 3) in waiting
+
+
+def test_waiting_too_long_or_in_a_full_list_ends_in_expired(monkeypatch: pytest.MonkeyPatch) -> None:
+    doms = ClockDomains(ClockParams(), wait_s=5.0)
+    aligner = GridAligner(AlignParams())
+    waiting: dict[int, clocks.Waiting] = {0: {}}
+    doms.offer(0, aligner, waiting[0], record(1), batch(100 * S), POWER, time.monotonic() - 10.0)
+    doms.place_held({0: aligner}, waiting)
+    assert [(p, h.rec.offset) for p, h, _ in doms.expired] == [(0, 1)] and doms.held == 0
+    assert "none within 5 s" in doms.expired[0][2]
+
+    monkeypatch.setattr(clocks, "MAX_HELD", 2)
+    doms = ClockDomains(ClockParams(), wait_s=5.0)
+    for off in range(3):
+        doms.offer(0, aligner, waiting[0], record(off), batch(100 * S + off), POWER, time.monotonic())
+    assert [h.rec.offset for _, h, _ in doms.expired] == [0] and doms.held == 2  # the oldest gave way
+    doms.drop(0)
+    assert doms.held == 0 and doms.pins({}) == {}
