@@ -453,20 +453,21 @@ class Ingestor:
                 held = beacon_pins.get(tp.partition)
             commit[tp] = nxt if held is None else min(nxt, held)
         consumed = {(tp.topic, tp.partition): nxt for tp, nxt in self._next.items()}
+        closed = {n: t for a in self._aligners.values() for n, t in a.closed_ticks().items()}
         pending = store.detach()
         self._last_flush = time.monotonic_ns()
         self._dirty = False
         self.stats.open_cells = sum(a.open_cells() for a in self._aligners.values())
-        self._inflight = asyncio.ensure_future(self._write(pending, consumed, commit))
+        self._inflight = asyncio.ensure_future(self._write(pending, consumed, commit, closed))
         if wait:
             await self._settle()
 
     async def _write(self, pending: Pending, consumed: dict[tuple[str, int], int],
-                     commit: dict[TopicPartition, int]) -> None:
+                     commit: dict[TopicPartition, int], closed: dict[str, int]) -> None:
         store, dlq, consumer = self._store, self._dlq, self._consumer
         assert store is not None and dlq is not None and consumer is not None
         await self._on_ch(dlq.flush)  # rejects before the offsets that produced them are committed
-        await self._on_ch(store.write, pending, consumed, self._clock_ns() // 1_000_000)
+        await self._on_ch(store.write, pending, consumed, self._clock_ns() // 1_000_000, closed)
         if commit:
             try:
                 # aiokafka retries a commit forever on "retriable" errors (a deleted topic, a

@@ -44,6 +44,7 @@ class FrameStore:
         self._events: Columns = {c: [] for c in ddl.EVENT_COLUMNS}
         self.frames_written = 0
         self.events_written = 0
+        self._closed_written: dict[str, int] = {}  # node -> newest final tick (ns) recorded
 
     @property
     def pending_rows(self) -> int:
@@ -70,7 +71,8 @@ class FrameStore:
     def flush(self, consumed: dict[TopicPartition, int], now_ms: int) -> int:
         return self.write(self.detach(), consumed, now_ms)
 
-    def write(self, pending: Pending, consumed: dict[TopicPartition, int], now_ms: int) -> int:
+    def write(self, pending: Pending, consumed: dict[TopicPartition, int], now_ms: int,
+              closed: dict[str, int] | None = None) -> int:
         """Write ``pending``; ``consumed`` (next offset read per partition) is recorded first.
 
         Progress goes before frames on purpose: after a crash between the two, the
@@ -96,6 +98,15 @@ class FrameStore:
             n = len(pending.events["ts"])
             self.events_written += n
             written += n
+        # After the frames: a closed tick recorded ahead of its frames would make a replay
+        # drop samples that were never written.
+        moved = {n: t for n, t in (closed or {}).items() if t > self._closed_written.get(n, t - 1)}
+        if moved:
+            nodes = sorted(moved)
+            self.backend.insert("node_progress", {
+                "node": nodes, "closed_tick_ms": [moved[n] // 1_000_000 for n in nodes],
+                "written_at": [now_ms] * len(nodes)})
+            self._closed_written.update(moved)
         return written
 
     def recover(self) -> Progress:
@@ -104,6 +115,9 @@ class FrameStore:
         ts_ms = "toUnixTimestamp64Milli(max(ts))" if cur else "max(ts)"
         _, rows = self.backend.rows(f"SELECT node, {ts_ms} FROM {db}.gpu_frames GROUP BY node")
         boundaries = {str(node): int(ms) * 1_000_000 for node, ms in rows}
+        _, rows = self.backend.rows(f"SELECT node, max(closed_tick_ms) FROM {db}.node_progress GROUP BY node")
+        for node, ms in rows:  # empty ticks closed after the newest written one are final too
+            boundaries[str(node)] = max(boundaries.get(str(node), 0), int(ms) * 1_000_000)
         last = ", ".join(f"argMax({col}, ts)" for _, _, col in _COUNTERS)
         _, rows = self.backend.rows(f"SELECT node, gpu, {last} FROM {db}.gpu_frames GROUP BY node, gpu")
         counters: dict[tuple[str, str, int], float] = {}

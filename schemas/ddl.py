@@ -86,6 +86,15 @@ def ingest_progress(db: str, layout: Layout = "current") -> str:
             f" written_at {ts}\n)\nENGINE = ReplacingMergeTree\nORDER BY (topic, partition, offset)")
 
 
+def node_progress(db: str, layout: Layout = "current") -> str:
+    """Per node, the newest grid tick known final (written, or closed empty): a replay after a
+    crash must not reopen an empty tick that a late sample was already refused for."""
+    check_identifier(db)
+    ts = "DateTime64(3, 'UTC')" if layout == "current" else "UInt64"
+    return (f"CREATE TABLE IF NOT EXISTS {db}.node_progress (\n  node String, closed_tick_ms UInt64,"
+            f" written_at {ts}\n)\nENGINE = ReplacingMergeTree\nORDER BY (node, closed_tick_ms)")
+
+
 def all_tables(db: str, layout: Layout = "current") -> list[str]:
     return [f"CREATE DATABASE IF NOT EXISTS {check_identifier(db)}", gpu_frames(db, layout), k8s_events(db, layout),
-            ingest_progress(db, layout)]
+            ingest_progress(db, layout), node_progress(db, layout)]

@@ -562,6 +562,12 @@ class GridAligner:
                 out[key] = pos
         return out
 
+    def closed_ticks(self) -> dict[str, int]:
+        """Per node, the start of the newest tick that is final (written, or closed with no
+        samples), for the nodes that have closed one."""
+        return {n: (c - 1) * self._grid for n, c in zip(self._node_names, self._node_closed, strict=True)
+                if c != _NO_TS}
+
     def open_cells(self) -> int:
         if not len(self._o_sid):
             return 0
