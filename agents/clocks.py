@@ -22,7 +22,7 @@ from aiokafka import ConsumerRecord
 
 from schemas.records import ClockBeacon, SampleBatch
 from streams.align import GridAligner
-from streams.clock import ClockParams, DomainTrack
+from streams.clock import ClockFit, ClockParams, DomainTrack
 
 MAX_HELD = 100_000  # clock-domain messages waiting for a beacon, per domain
 Domain = tuple[str, str]  # (node, clock)
@@ -50,19 +50,39 @@ class _DomainWait:
     guess: int | None = None  # earliest UTC the waiting samples will land at, roughly
 
 
+@dataclass(slots=True)
+class _Partition:
+    """One partition's domains: their tracks, what waits for a beacon, and the placed messages'
+    beacon pins as (topic index, offset, pin)."""
+
+    tracks: dict[Domain, DomainTrack] = field(default_factory=dict)
+    held: dict[Domain, _DomainWait] = field(default_factory=dict)
+    placed: list[tuple[int, int, int]] = field(default_factory=list)
+
+    def place(self, aligner: GridAligner, waiting: Waiting, rec: ConsumerRecord[bytes, bytes], batch: SampleBatch,
+              sensor: int, fit: ClockFit, pin: int) -> None:
+        aligner.add(batch.node, batch.gpu, sensor, batch.ts_ns, batch.value, batch.labels, sensor, rec.offset, fit)
+        waiting[(sensor, rec.offset)] = rec
+        self.placed.append((sensor, rec.offset, pin))
+
+
 class ClockDomains:
     """The worker's clock domains, per partition number. ``expired`` collects what to dead-letter."""
 
     def __init__(self, params: ClockParams, wait_s: float) -> None:
         self._params = params
         self._wait_s = wait_s
-        self._tracks: dict[int, dict[Domain, DomainTrack]] = {}
-        self._held: dict[int, dict[Domain, _DomainWait]] = {}
-        self._placed: dict[int, list[tuple[int, int, int]]] = {}  # (topic index, offset, beacon pin)
+        self._parts: dict[int, _Partition] = {}
         self.expired: list[tuple[int, Held, str]] = []  # (partition, message, why) for no_clock
 
+    def _part(self, partition: int) -> _Partition:
+        part = self._parts.get(partition)
+        if part is None:
+            part = self._parts[partition] = _Partition()
+        return part
+
     def beacon(self, partition: int, b: ClockBeacon, offset: int) -> None:
-        tracks = self._tracks.setdefault(partition, {})
+        tracks = self._part(partition).tracks
         track = tracks.get((b.node, b.clock))
         if track is None:
             track = tracks[(b.node, b.clock)] = DomainTrack(self._params)
@@ -71,20 +91,17 @@ class ClockDomains:
     def offer(self, partition: int, aligner: GridAligner, waiting: Waiting, rec: ConsumerRecord[bytes, bytes],
               batch: SampleBatch, sensor: int, now: float) -> None:
         """Place a domain message if its beacon is here, else hold it."""
+        part = self._part(partition)
         key = (batch.node, batch.clock)
         lo, hi = batch.span
-        track = self._tracks.get(partition, {}).get(key)
+        track = part.tracks.get(key)
         found = track.fit_for(lo, hi) if track is not None else None
         if found is not None:
-            aligner.add(batch.node, batch.gpu, sensor, batch.ts_ns, batch.value, batch.labels, sensor, rec.offset,
-                        found[0])
-            waiting[(sensor, rec.offset)] = rec
-            self._placed.setdefault(partition, []).append((sensor, rec.offset, found[1]))
+            part.place(aligner, waiting, rec, batch, sensor, *found)
             return
-        held = self._held.setdefault(partition, {})
-        wait = held.get(key)
+        wait = part.held.get(key)
         if wait is None:
-            wait = held[key] = _DomainWait()
+            wait = part.held[key] = _DomainWait()
         if len(wait.items) >= MAX_HELD:  # bounded: the oldest waiter gives way
             self.expired.append((partition, wait.items.pop(0), "the waiting list is full"))
         wait.items.append(Held(rec, batch, sensor, now, lo, hi))
@@ -94,39 +111,33 @@ class ClockDomains:
         that waited too long to ``expired``; per partition, the event time still held back."""
         hold: dict[int, int] = {}
         now = time.monotonic()
-        for p, domains in self._held.items():
+        for p, part in self._parts.items():
             aligner = aligners.get(p)
             if aligner is None:
                 continue
-            tracks = self._tracks.get(p, {})
-            for key, wait in domains.items():
+            for key, wait in part.held.items():
                 if not wait.items:
                     continue
-                track = tracks.get(key)
+                track = part.tracks.get(key)
                 version = track.added if track is not None else 0
                 # Retry only when the domain got a beacon since the last try (or one waited too long).
                 if version != wait.tried or now - wait.items[0].since > self._wait_s:
                     wait.tried = version
-                    wait.items, wait.guess = self._try_place(p, aligner, waiting.setdefault(p, {}), track,
+                    wait.items, wait.guess = self._try_place(p, part, aligner, waiting.setdefault(p, {}), track,
                                                              wait.items, now - self._wait_s)
                 if wait.guess is not None:  # where the rest will land, roughly: cells there stay open
                     hold[p] = min(hold.get(p, wait.guess), wait.guess)
         return hold
 
-    def _try_place(self, p: int, aligner: GridAligner, waiting: Waiting, track: DomainTrack | None,
-                   items: list[Held], expired: float) -> tuple[list[Held], int | None]:
+    def _try_place(self, p: int, part: _Partition, aligner: GridAligner, waiting: Waiting,
+                   track: DomainTrack | None, items: list[Held], expired: float) -> tuple[list[Held], int | None]:
         keep: list[Held] = []
         guess: int | None = None
         latest = track.latest if track is not None else None
-        placed = self._placed.setdefault(p, [])
         for h in items:
             found = track.fit_for(h.lo, h.hi) if track is not None else None
             if found is not None:
-                fit, pin = found
-                b = h.batch
-                aligner.add(b.node, b.gpu, h.sensor, b.ts_ns, b.value, b.labels, h.sensor, h.rec.offset, fit)
-                waiting[(h.sensor, h.rec.offset)] = h.rec
-                placed.append((h.sensor, h.rec.offset, pin))
+                part.place(aligner, waiting, h.rec, h.batch, h.sensor, *found)
             elif h.since < expired:
                 self.expired.append((p, h, f"none within {self._wait_s:g} s"))
             else:
@@ -139,14 +150,14 @@ class ClockDomains:
 
     @property
     def held(self) -> int:
-        return sum(len(w.items) for d in self._held.values() for w in d.values())
+        return sum(len(w.items) for part in self._parts.values() for w in part.held.values())
 
     def oldest_held(self) -> dict[tuple[int, int], int]:
         """Per (partition, topic index), the oldest offset still waiting: commits stay below it."""
         out: dict[tuple[int, int], int] = {}
-        for p, domains in self._held.items():
-            for domain in domains.values():
-                for h in domain.items:
+        for p, part in self._parts.items():
+            for wait in part.held.values():
+                for h in wait.items:
                     key = (p, h.sensor)
                     if h.rec.offset < out.get(key, h.rec.offset + 1):
                         out[key] = h.rec.offset
@@ -157,20 +168,15 @@ class ClockDomains:
         use: fits of samples in open cells (``oldest``: each aligner's oldest open position per
         topic), and the newest fit of every epoch kept (for samples to come)."""
         pins: dict[int, int] = {}
-        for p, placed in self._placed.items():
+        for p, part in self._parts.items():
             open_from = oldest.get(p, {})
-            placed[:] = [x for x in placed if x[1] >= open_from.get(x[0], x[1] + 1)]
-            for _, _, pin in placed:
-                pins[p] = min(pins.get(p, pin), pin)
-        for p, tracks in self._tracks.items():
-            for track in tracks.values():
-                need = track.pin()
-                if need is not None:
-                    pins[p] = min(pins.get(p, need), need)
+            part.placed[:] = [x for x in part.placed if x[1] >= open_from.get(x[0], x[1] + 1)]
+            needs = [pin for _, _, pin in part.placed]
+            needs += [pin for track in part.tracks.values() if (pin := track.pin()) is not None]
+            if needs:
+                pins[p] = min(needs)
         return pins
 
     def drop(self, partition: int) -> None:
         """Forget a revoked partition: its next owner rebuilds all of it from Kafka."""
-        self._tracks.pop(partition, None)
-        self._held.pop(partition, None)
-        self._placed.pop(partition, None)
+        self._parts.pop(partition, None)

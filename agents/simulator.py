@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 import random
 import threading
@@ -113,15 +115,10 @@ class SimulatorPublisher:
         if truth is None or BY_NAME[batch.sensor].index >= _NVML_SENSORS:
             return [batch]
         clock = f"nvml:{batch.node}"
-        parts: list[SampleBatch] = []
-        start = 0
-        for i in range(1, len(batch.ts_ns) + 1):
-            if i == len(batch.ts_ns) or truth.epoch(batch.ts_ns[i]) != truth.epoch(batch.ts_ns[start]):
-                parts.append(SampleBatch(batch.sensor, batch.node, batch.gpu,
-                                         [truth.to_domain(t) for t in batch.ts_ns[start:i]],
-                                         batch.value[start:i], clock, batch.labels))
-                start = i
-        return parts
+        ts = batch.ts_ns  # a series' batch is in time order: a reset cuts it at one index
+        cuts = [0, *sorted({bisect.bisect_left(ts, r) for r in truth.resets_ns} - {0, len(ts)}), len(ts)]
+        return [SampleBatch(batch.sensor, batch.node, batch.gpu, [truth.to_domain(t) for t in ts[a:b]],
+                            batch.value[a:b], clock, batch.labels) for a, b in itertools.pairwise(cuts)]
 
     def backlog(self, duration_s: float, chunk_s: float | None = None) -> PublishStats:
         """Publish the next ``duration_s`` of event time as fast as Kafka takes it.

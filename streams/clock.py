@@ -132,8 +132,8 @@ class ClockEstimator:
     last_utc_ns: int | None = None
     # The window again, as (round trip, arrival number) sorted, kept up to date with bisect
     # rather than re-sorted per beacon; the arrival number breaks ties in window order.
+    # Arrival numbers in the window are consecutive, ending at ``_seq``.
     _by_rtt: list[tuple[int, int]] = field(default_factory=list)
-    _arrivals: deque[int] = field(default_factory=deque)
     _seq: int = 0
     _best: list[tuple[int, int]] = field(default_factory=list)
 
@@ -149,22 +149,20 @@ class ClockEstimator:
             # another epoch and would poison the fit.
             self.beacons.clear()
             self._by_rtt.clear()
-            self._arrivals.clear()
             self.epoch += 1
         self.last_domain_ns, self.last_utc_ns = b.domain_ns, b.utc_after_ns
         self._seq += 1
         self.beacons.append(b)
-        self._arrivals.append(self._seq)
         bisect.insort(self._by_rtt, (rtt, self._seq))
         while len(self.beacons) > self.params.window:
-            old = self.beacons.popleft()
-            key = (_round_trip(old), self._arrivals.popleft())
+            key = (_round_trip(self.beacons[0]), self._seq - len(self.beacons) + 1)
+            self.beacons.popleft()
             del self._by_rtt[bisect.bisect_left(self._by_rtt, key)]
         best = self._by_rtt[: self.params.best]
         # The fit is a function of the best beacons alone (so a replay that rebuilds the
         # window rebuilds the fit): when they did not change, neither does the fit.
         if self.fit is None or best != self._best:
-            first = self._arrivals[0]
+            first = self._seq - len(self.beacons) + 1
             self.fit = self._fit([self.beacons[seq - first] for _, seq in best])
             self._best = best
         return True
@@ -245,7 +243,7 @@ class _Epoch:
 
     domain_ns: list[int] = field(default_factory=list)
     fits: list[tuple[ClockFit, int]] = field(default_factory=list)
-    beacons_since: int = 0  # beacons of later epochs taken since this one ended
+    ended_at: int = 0  # the track's beacon count when a later epoch began
 
 
 @dataclass(slots=True)
@@ -287,12 +285,13 @@ class DomainTrack:
         if not self.estimator.add(b):
             return
         if self.estimator.epoch != epoch or not self.epochs:
+            if self.epochs:
+                self.epochs[-1].ended_at = self.added
             self.epochs.append(_Epoch())
             self.positions.clear()
+        self.added += 1
         if len(self.epochs) > 1:
-            for old in self.epochs[:-1]:
-                old.beacons_since += 1
-            kept = [e for e in self.epochs[:-1] if e.beacons_since <= self.params.old_epoch_beacons]
+            kept = [e for e in self.epochs[:-1] if self.added - e.ended_at <= self.params.old_epoch_beacons]
             self.epochs = [*kept[-3:], self.epochs[-1]]  # bounded, whatever the reset rate
         self.positions.append(position)
         while len(self.positions) > len(self.estimator.beacons):
@@ -302,7 +301,6 @@ class DomainTrack:
         cur = self.epochs[-1]
         cur.domain_ns.append(b.domain_ns)
         cur.fits.append((fit, self.positions[0]))
-        self.added += 1
         if len(cur.fits) > self.params.history:  # bounded: a sample older than this is late anyway
             del cur.domain_ns[0]
             del cur.fits[0]

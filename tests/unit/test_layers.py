@@ -8,6 +8,7 @@ import importlib
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -124,24 +125,23 @@ def _top(name: str) -> str:
     return name.split(".")[0]
 
 
-@pytest.mark.parametrize("package", PURE)
-def test_pure_packages_import_only_downwards(package: str) -> None:
-    bad = []
+def scanned(package: str) -> Iterator[tuple[Path, set[str], set[str]]]:
+    """Each source file of ``package`` with what it imports and which forbidden calls it uses."""
     for path in source_files(package):
         module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
-        imported, _ = violations(path.read_text(encoding="utf-8"), module, path.name == "__init__.py")
-        bad += [f"{path.relative_to(ROOT)} imports {m}" for m in sorted(imported)
-                if _top(m) in FORBIDDEN_IMPORTS[package] | set(HEAVY)]
+        yield path.relative_to(ROOT), *violations(path.read_text(encoding="utf-8"), module, path.name == "__init__.py")
+
+
+@pytest.mark.parametrize("package", PURE)
+def test_pure_packages_import_only_downwards(package: str) -> None:
+    bad = [f"{path} imports {m}" for path, imported, _ in scanned(package) for m in sorted(imported)
+           if _top(m) in FORBIDDEN_IMPORTS[package] | set(HEAVY)]
     assert not bad, "\n".join(bad)
 
 
 @pytest.mark.parametrize("package", PURE)
 def test_pure_packages_read_no_wall_clock_or_environment(package: str) -> None:
-    bad = []
-    for path in source_files(package):
-        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
-        _, used = violations(path.read_text(encoding="utf-8"), module, path.name == "__init__.py")
-        bad += [f"{path.relative_to(ROOT)} uses {u}" for u in sorted(used)]
+    bad = [f"{path} uses {u}" for path, _, used in scanned(package) for u in sorted(used)]
     assert not bad, "\n".join(bad)
 
 
