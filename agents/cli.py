@@ -36,6 +36,9 @@ def cli(ctx: click.Context, config_file: str | None, verbose: bool) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    from agents.logs import quiet_kafka_startup
+
+    quiet_kafka_startup()
     try:
         ctx.obj = load_settings(config_file=config_file)
     except SettingsError as exc:
@@ -179,17 +182,24 @@ def simulate(ctx: click.Context, nodes: int, gpus: int, duration: float, seed: i
 @click.pass_context
 def sql(ctx: click.Context, query: str, fmt: str) -> None:
     """Run a ClickHouse SQL QUERY against flopwatch's database and print the result."""
-    from agents.clickhouse import ClickHouseError, open_backend
+    from agents.clickhouse import ClickHouseError, database_exists, open_backend
 
     settings = _settings(ctx)
+    exists = True
     try:
         backend = open_backend(settings)
         try:
+            # Unqualified table names mean flopwatch's tables, once a worker has made them.
+            exists = database_exists(backend)
+            if exists:
+                backend.use_database()
             names, rows = backend.rows(query)
         finally:
             backend.close()
     except ClickHouseError as exc:
-        raise click.ClickException(str(exc)) from None
+        hint = "" if exists else (f"\n(database {settings.clickhouse_database!r} does not exist yet: "
+                                  "run `flopwatch worker` or `flopwatch demo` first)")
+        raise click.ClickException(f"{exc}{hint}") from None
     click.echo(render(names, rows, fmt), nl=False)
 
 

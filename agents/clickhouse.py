@@ -32,6 +32,7 @@ class Backend(Protocol):
     database: str
 
     def execute(self, sql: str) -> None: ...
+    def use_database(self) -> None: ...
     def rows(self, sql: str, params: dict[str, Any] | None = None) -> tuple[list[str], list[tuple[Any, ...]]]: ...
     def insert(self, table: str, columns: Columns, token: str | None = None) -> None: ...
     def close(self) -> None: ...
@@ -66,6 +67,10 @@ class ChdbBackend:
         self.layout: ddl.Layout = "current"
         self.database = ddl.check_identifier(database)
         self._session = session.Session(str(path))  # type: ignore[no-untyped-call]
+
+    def use_database(self) -> None:
+        """Make flopwatch's database the default one of later queries (it must exist)."""
+        self._query(f"USE {self.database}")  # the session keeps it
 
     def _query(self, sql: str, fmt: str = "CSV", params: dict[str, Any] | None = None) -> Any:
         try:
@@ -123,6 +128,7 @@ class NativeBackend:
                                   "send_receive_timeout": 60, "client_name": "flopwatch"}
         if settings.clickhouse_ca_certs:
             kwargs["ca_certs"] = settings.clickhouse_ca_certs
+        self._kwargs = kwargs
         self._client = Client(**kwargs)
         self._where = f"{settings.clickhouse_host}:{settings.clickhouse_port}"
 
@@ -143,6 +149,13 @@ class NativeBackend:
             except (ServerException, Error) as exc:
                 raise ClickHouseError(f"ClickHouse at {self._where} refused {what}: {exc}") from exc
         raise AssertionError("unreachable")
+
+    def use_database(self) -> None:
+        """Make flopwatch's database the default one of later queries (it must exist)."""
+        from clickhouse_driver import Client
+
+        self._client.disconnect()
+        self._client = Client(**self._kwargs, database=self.database)
 
     def execute(self, sql: str) -> None:
         self._run("a statement", lambda: self._client.execute(sql))
@@ -172,6 +185,12 @@ def open_backend(settings: Settings) -> Backend:
     if settings.clickhouse_backend == "chdb":
         return ChdbBackend(settings.chdb_path, settings.clickhouse_database)
     return NativeBackend(settings)
+
+
+def database_exists(backend: Backend) -> bool:
+    # The name passed check_identifier ([A-Za-z_][A-Za-z0-9_]*), so it is safe as a literal.
+    _, rows = backend.rows(f"SELECT count() FROM system.databases WHERE name = '{backend.database}'")
+    return bool(rows and int(rows[0][0]))
 
 
 def ensure_schema(backend: Backend) -> None:

@@ -72,7 +72,9 @@ def run_demo(settings: Settings, duration: float, nodes: int, gpus: int, root: P
     started_kafka = False
     if not os.environ.get("FLOPWATCH_KAFKA_BOOTSTRAP"):
         started_kafka = _start_local_kafka(root)
-    settings = settings.replace(idle_flush_s=min(settings.idle_flush_s, 2.0))
+    # The simulator publishes every topic promptly, so the live view can write a stopped run's
+    # last cells after a short quiet time instead of the default bound meant for real collectors.
+    settings = settings.replace(source_idle_s=min(settings.source_idle_s, 3.0))
     try:
         ensure_topics(settings)
         params = SimParams(nodes=nodes, gpus=gpus, seed=int(time.time()) % 1000, start_ns=time.time_ns())

@@ -52,7 +52,9 @@ from streams.clock import ClockParams
 log = logging.getLogger(__name__)
 _SENSOR, _EVENTS, _CLOCK = 0, 1, 2
 COMMIT_TIMEOUT_S = 30.0
+COMMIT_GIVE_UP_S = 300.0  # commits failing this long (the broker or the topics are gone): the worker stops
 POSITION_PROBE_S = 0.2  # how long one loop turn waits for Kafka to tell unread partitions' positions
+ANSWER_S = 2.0  # a fetch response older than this does not confirm a partition caught up
 
 
 class CommitError(RuntimeError):
@@ -70,6 +72,7 @@ class IngestStats:
     beacons: int = 0
     replayed_dropped: int = 0
     commits_refused: int = 0  # commits Kafka turned down because the group had rebalanced
+    commits_failed: int = 0  # commits that timed out (Kafka unreachable); a later flush commits again
     rejects: Counter[str] = field(default_factory=Counter)
     lag: int | None = None  # records behind the end of the assigned partitions; None: not known yet
     flushes: int = 0
@@ -82,6 +85,7 @@ class IngestStats:
         return {"messages": self.messages, "samples": self.samples, "frames_written": self.frames_written,
                 "events_written": self.events_written, "beacons": self.beacons,
                 "replayed_dropped": self.replayed_dropped, "commits_refused": self.commits_refused,
+                "commits_failed": self.commits_failed,
                 "rejects": dict(self.rejects), "lag": self.lag,
                 "flushes": self.flushes, "open_cells": self.open_cells, "held": self.held,
                 "late": dict(self.late)}
@@ -115,17 +119,17 @@ class Ingestor:
         self._route[self.topics.k8s_events] = (_EVENTS, -1)
         self._route[self.topics.clock_sync] = (_CLOCK, -1)
         self._aligners: dict[int, GridAligner] = {}
-        # Sensor partitions not heard from since assignment, per partition number. A series
-        # the aligner has never seen cannot hold the watermark back, so cells of a
-        # partition stay open until each of its topics has delivered or proved empty.
-        self._unheard: dict[int, set[TopicPartition]] = {}
-        self._unheard_since: dict[int, float] = {}
+        # Per sensor partition, its quiet clock (streams.holds): nanoseconds during which Kafka
+        # confirmed it caught up. The aligners measure a stream's idleness on it, so time in
+        # which the data could not have arrived (a broker outage, a backlog still being read)
+        # never makes a stream idle.
+        self._quiet: dict[TopicPartition, int] = {}
+        self._quiet_turn = time.monotonic_ns()
         self._next: dict[TopicPartition, int] = {}
         # Fetch positions of assigned partitions not read from yet; they change only on a
         # (re)assignment, which bumps the epoch so a probe started before it is thrown away.
         self._probed: dict[TopicPartition, int] = {}
         self._assign_epoch = 0
-        self._tp_max_ts: dict[TopicPartition, int] = {}  # newest event time read per sensor partition
         # Records handed to an aligner since its last advance, by (partition, topic index, offset):
         # a late verdict comes back from advance() and needs the original bytes.
         self._waiting: dict[int, dict[tuple[int, int], ConsumerRecord[bytes, bytes]]] = {}
@@ -139,6 +143,7 @@ class Ingestor:
         self._last_flush = 0
         self._inflight: asyncio.Future[None] | None = None
         self._on_flush: Callable[[IngestStats], None] | None = None
+        self._commit_failing_since = 0.0
 
     async def _on_ch(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._ch, fn, *args)
@@ -152,9 +157,13 @@ class Ingestor:
             self._progress = await self._on_ch(self._store.recover)
             params = self.settings.align_params()
             for p in sorted({tp.partition for tp in assigned} - set(self._aligners)):
-                self._aligners[p] = GridAligner(params, self._progress.recovered)
-                self._unheard[p] = {tp for tp in assigned if tp.partition == p and tp.topic in self._sensor_topics}
-                self._unheard_since[p] = time.monotonic()
+                aligner = self._aligners[p] = GridAligner(params, self._progress.recovered)
+                # Every sensor topic of the partition holds it until it delivers or counts as idle.
+                aligner.expect(sorted(self._route[tp.topic][1] for tp in assigned
+                                      if tp.partition == p and tp.topic in self._sensor_topics))
+            for tp in assigned:
+                if tp.topic in self._sensor_topics:
+                    self._quiet.setdefault(tp, 0)
             log.info("assigned partitions %s", sorted({tp.partition for tp in assigned}))
 
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
@@ -164,12 +173,11 @@ class Ingestor:
             await self._flush_locked()
             for p in {tp.partition for tp in revoked}:
                 self._aligners.pop(p, None)
-                self._unheard.pop(p, None)
                 self._clocks.drop(p)
             for tp in revoked:
                 self._waiting.pop(tp.partition, None)
                 self._next.pop(tp, None)
-                self._tp_max_ts.pop(tp, None)
+                self._quiet.pop(tp, None)
             log.info("revoked partitions %s", sorted({tp.partition for tp in revoked}))
 
     # -- the loop ------------------------------------------------------------------------
@@ -202,7 +210,7 @@ class Ingestor:
                 if not batch and not consumer.assignment():
                     await asyncio.sleep(0.1)  # no partitions (yet, or topics gone): don't spin
                 due = time.monotonic_ns() - self._last_flush >= s.flush_interval_ms * 1_000_000
-                if self._unheard or due:
+                if due or len(self._next) + len(self._probed) < len(consumer.assignment()):
                     # Outside the lock: a position can wait for a rebalance to finish, and the
                     # rebalance waits for the revoke callback, which takes the lock.
                     await self._probe_positions(consumer)
@@ -211,8 +219,7 @@ class Ingestor:
                         self._handle(batch)
                         if not self.stats.first_record_ns:
                             self.stats.first_record_ns = time.monotonic_ns()
-                    if self._unheard:
-                        self._check_unheard(consumer)
+                    self._tick_quiet(consumer)
                     self._advance()
                     flushed = self._store.pending_rows >= s.flush_rows or (due and self._has_work())
                     if flushed:
@@ -268,7 +275,6 @@ class Ingestor:
             if kind == _SENSOR:
                 name = CATALOG[si].name
                 waiting = self._waiting.setdefault(tp.partition, {})
-                tp_max = self._tp_max_ts.get(tp, 0)
                 clocks = self._clocks
                 now = time.monotonic()
                 for rec in records:
@@ -280,12 +286,8 @@ class Ingestor:
                     if res.clock != UTC_CLOCK:  # placed with a beacon read after it, or held for one
                         clocks.offer(tp.partition, aligner, waiting, rec, res, si, now)
                         continue
-                    hi = res.ts_max if res.ts_max is not None else res.ts_ns[-1]
-                    if hi > tp_max:
-                        tp_max = hi
                     aligner.add(res.node, res.gpu, si, res.ts_ns, res.value, res.labels, si, rec.offset)
                     waiting[(si, rec.offset)] = rec
-                self._tp_max_ts[tp] = tp_max
             elif kind == _EVENTS:
                 done = self._progress.events_done.get((tp.topic, tp.partition), -1)
                 for rec in records:
@@ -303,9 +305,6 @@ class Ingestor:
                         stats.beacons += 1
                         self._clocks.beacon(tp.partition, beacon, rec.offset)
             self._next[tp] = records[-1].offset + 1
-            unheard = self._unheard.get(tp.partition)
-            if unheard:
-                unheard.discard(tp)
         stats.rejects = dlq.counts
         self._dirty = True
 
@@ -343,37 +342,27 @@ class Ingestor:
             lag += max(0, hw - pos)
         self.stats.lag = lag
 
-    def _check_unheard(self, consumer: AIOKafkaConsumer) -> None:
-        for p, unheard in list(self._unheard.items()):
-            for tp in list(unheard):
-                hw, pos = consumer.highwater(tp), self._probed.get(tp)
-                if hw is not None and pos is not None and pos >= hw:
-                    unheard.discard(tp)  # nothing to read there: it holds nothing back
-            if unheard and time.monotonic() - self._unheard_since[p] > 30.0:
-                log.warning("partition %d: no fetch answer from %d topics in 30 s; aligning without them",
-                            p, len(unheard))
-                unheard.clear()
-            if not unheard:
-                del self._unheard[p]
+    def _tick_quiet(self, consumer: AIOKafkaConsumer) -> None:
+        """Run the quiet clock of each sensor partition Kafka confirms caught up.
 
-    def _source_holds(self) -> dict[int, int]:
-        """Per partition number, the event time of its slowest sensor partition that still has unread records.
-
-        Kafka hands out topics at different speeds, so during a catch-up one topic can
-        run far ahead; a series first seen in a lagging topic must not find its cells
-        already closed by the others (Flink's per-partition watermark, in one line).
+        Confirmed means a fetch response for it within ``ANSWER_S`` (a caught-up partition
+        gets one about every ``fetch_max_wait_ms``) whose highwater our position has reached.
+        A turn counts for at most ``ANSWER_S``, so a stalled loop does not count as quiet.
         """
-        consumer = self._consumer
-        assert consumer is not None
-        hold: dict[int, int] = {}
-        assigned = consumer.assignment()
-        for tp, ts in self._tp_max_ts.items():
-            if tp not in assigned:
-                continue  # being revoked; its aligner goes with it
-            hw = consumer.highwater(tp)
-            if hw is not None and self._next.get(tp, hw) < hw and ts < hold.get(tp.partition, ts + 1):
-                hold[tp.partition] = ts
-        return hold
+        now = time.monotonic_ns()
+        step = min(now - self._quiet_turn, int(ANSWER_S * 1e9))
+        self._quiet_turn = now
+        if step <= 0:
+            return
+        fresh_ms = time.time() * 1000 - ANSWER_S * 1000
+        quiet = self._quiet
+        for tp in quiet:
+            answered = consumer.last_poll_timestamp(tp)
+            if answered is None or answered < fresh_ms:
+                continue
+            hw, pos = consumer.highwater(tp), self._position(tp)
+            if hw is not None and pos is not None and pos >= hw:
+                quiet[tp] += step
 
     def _place_held(self) -> dict[int, int]:
         hold = self._clocks.place_held(self._aligners, self._waiting)
@@ -394,15 +383,13 @@ class Ingestor:
     def _advance(self) -> None:
         assert self._store is not None
         now = self._clock_ns()
-        held = self._place_held()
+        hold = self._place_held()
         self._dead_letter_expired()
-        hold = self._source_holds()
-        for p, ts in held.items():
-            hold[p] = min(hold.get(p, ts), ts)
+        quiet: dict[int, dict[int, int]] = {}
+        for tp, q in self._quiet.items():
+            quiet.setdefault(tp.partition, {})[self._route[tp.topic][1]] = q
         for p, aligner in self._aligners.items():
-            if p in self._unheard:
-                continue
-            adv = aligner.advance(now, hold.get(p))
+            adv = aligner.advance(now, hold.get(p), quiet.get(p, {}))
             self._store.add_frames(adv.frames)
             for late in adv.late:
                 self._late(p, late)
@@ -418,9 +405,15 @@ class Ingestor:
             return
         node = rec.key.decode(errors="replace") if rec.key else "?"
         self.stats.late[f"{node}/{CATALOG[si].name}"] += len(late.indices)
-        self._dlq.send(Reject(RejectReason.LATE, f"{len(late.indices)} of {late.total} samples fall in grid cells "
-                              "already written"), rec.value, rec.key, topic, partition, late.position, rec.headers,
-                       indices=late.indices if late.total > 1 else None)
+        if late.why == "disorder":
+            why = (f"they are older than their series' newest sample by more than the allowed lateness "
+                   f"({self.settings.lateness_ms} ms)")
+        else:
+            why = (f"they arrived after their topic or series had fallen behind and been quiet for "
+                   f"{self.settings.source_idle_s:g} s (FLOPWATCH_SOURCE_IDLE_S) while the others moved on")
+        detail = f"{len(late.indices)} of {late.total} samples fall in grid cells already written: {why}"
+        self._dlq.send(Reject(RejectReason.LATE, detail), rec.value, rec.key, topic, partition, late.position,
+                       rec.headers, indices=late.indices if late.total > 1 else None)
         self.stats.rejects = self._dlq.counts
 
     async def _flush_locked(self, wait: bool = True) -> None:
@@ -479,8 +472,18 @@ class Ingestor:
                 log.warning("offset commit refused after a rebalance; the new owners replay: %s", exc)
                 self.stats.commits_refused += 1
             except TimeoutError:
-                raise CommitError(f"offset commit did not complete in {COMMIT_TIMEOUT_S:.0f} s; the rows are "
-                                  "written, and the next worker resumes from the last committed offsets") from None
+                # Kafka unreachable (a broker restart): the rows are written, and the next flush
+                # commits past this point anyway. Only a broker gone for good stops the worker.
+                now = time.monotonic()
+                self._commit_failing_since = self._commit_failing_since or now
+                self.stats.commits_failed += 1
+                if now - self._commit_failing_since > COMMIT_GIVE_UP_S:
+                    raise CommitError(f"no offset commit completed in {COMMIT_GIVE_UP_S:.0f} s; the rows are "
+                                      "written, and the next worker resumes from the last committed offsets") from None
+                log.warning("offset commit did not complete in %.0f s (Kafka unreachable?); the rows are written "
+                            "and the next flush commits again", COMMIT_TIMEOUT_S)
+            else:
+                self._commit_failing_since = 0.0
         st = self.stats
         st.frames_written, st.events_written = store.frames_written, store.events_written
         st.flushes += 1

@@ -108,10 +108,10 @@ class Settings:
     """Grid step, 100 ms to 60 s; FLOPWATCH_GRID_MS."""
     lateness_ms: int = 2000
     """Allowed lateness behind a node's watermark; FLOPWATCH_LATENESS_MS."""
-    idle_series_s: float = 30.0
-    """A series this far behind its node stops holding the watermark; FLOPWATCH_IDLE_SERIES_S."""
-    idle_flush_s: float = 5.0
-    """A node without input this long (wall time) has all its cells closed; FLOPWATCH_IDLE_FLUSH_S."""
+    source_idle_s: float = 15.0
+    """A topic-partition or series that fell behind holds the watermark until it has been quiet this
+    long while Kafka confirmed it caught up; a node quiet this long has its cells written
+    (``streams.holds``); FLOPWATCH_SOURCE_IDLE_S."""
     max_age_s: float = 7 * 86400.0
     """UTC samples older than this are rejected ``too_old``; FLOPWATCH_MAX_AGE_S."""
     max_future_s: float = 300.0
@@ -129,8 +129,7 @@ class Settings:
         return AlignParams(
             grid_ns=self.grid_ms * 1_000_000,
             allowed_lateness_ns=self.lateness_ms * 1_000_000,
-            idle_series_ns=int(self.idle_series_s * 1e9),
-            idle_flush_ns=int(self.idle_flush_s * 1e9),
+            idle_ns=int(self.source_idle_s * 1e9),
         )
 
     def replace(self, **changes: Any) -> Settings:
@@ -180,6 +179,9 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path 
     hints = typing.get_type_hints(Settings)
     known = {f.name for f in fields(Settings)}
     values: dict[str, Any] = {}
+    for old, new in _RETIRED.items():
+        if ENV_PREFIX + old.upper() in env:
+            raise SettingsError(f"{ENV_PREFIX}{old.upper()} is gone: {new}")
     path = config_file or env.get(ENV_PREFIX + "CONFIG")
     if path:
         try:
@@ -188,6 +190,8 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path 
             raise SettingsError(f"cannot read config file {path}: {exc}") from None
         section = data.get("flopwatch", data)
         for key, raw in section.items():
+            if key in _RETIRED:
+                raise SettingsError(f"setting {key!r} in {path} is gone: {_RETIRED[key]}")
             if key not in known:
                 raise SettingsError(f"unknown setting {key!r} in {path}")
             values[key] = raw
@@ -211,8 +215,14 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path 
     return settings
 
 
+# Settings that were replaced, and by what: a silently ignored setting would be worse than an error.
+_RETIRED = {
+    "idle_series_s": "a series now holds the watermark by wall time, not event time; use FLOPWATCH_SOURCE_IDLE_S",
+    "idle_flush_s": "a node's cells are written once its streams were quiet for FLOPWATCH_SOURCE_IDLE_S",
+}
+
 _POSITIVE = ("partitions", "replication", "flush_interval_ms", "flush_rows", "max_poll_records", "grid_ms",
-             "idle_series_s", "idle_flush_s", "max_age_s", "max_future_s", "clickhouse_port", "clock_wait_s")
+             "source_idle_s", "max_age_s", "max_future_s", "clickhouse_port", "clock_wait_s")
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

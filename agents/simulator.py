@@ -55,7 +55,7 @@ class SimulatorPublisher:
     """
 
     def __init__(self, settings: Settings, params: SimParams, batch_size: int = 100, bad_every: int = 0,
-                 clock_domains: bool = False, clock_reset_s: float | None = None) -> None:
+                 clock_domains: bool = False, clock_reset_s: float | None = None, record: bool = False) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self.params = params
@@ -65,6 +65,8 @@ class SimulatorPublisher:
         self.topics = Topics(settings.topic_prefix)
         self.producer = SampleProducer(settings)
         self.stats = PublishStats()
+        self.sent: list[SampleBatch] = []  # every batch published, when ``record`` (for an oracle)
+        self._record = record
         self._topic_of = {name: self.topics.sensor(s.index) for name, s in BY_NAME.items()}
         self.until_ns = params.start_ns  # event time published so far
         # With clock domains, each node's NVML streams are stamped by a GPU clock with a
@@ -94,6 +96,8 @@ class SimulatorPublisher:
         st, send = self.stats, self.producer.send
         self._beacons(until_ns)
         for batch in self.sim.advance(until_ns):
+            if self._record:
+                self.sent.append(batch)
             topic, key = self._topic_of[batch.sensor], batch.node
             for part in self._in_domain(batch):
                 for msg in batch_messages(part, self.batch_size):
@@ -137,6 +141,48 @@ class SimulatorPublisher:
         self._beacons(t + 1, final=True)  # a beacon after the last samples, so they can all be placed
         self.producer.flush()
         return self.stats
+
+    def burst(self, duration_s: float, rng: random.Random, spread_s: float = 0.0,
+              sensors: frozenset[str] | None = None) -> list[SampleBatch]:
+        """Publish the next ``duration_s`` of event time at once, topic after topic in a random
+        order, ``spread_s`` apart in all: what a producer flushing its buffer after a broker
+        outage, a replay or a backfill sends. Within a topic, messages go in time order (the
+        order a collector produced them); each series is in order. ``sensors`` limits the
+        streams published. Returns the batches sent, for an oracle.
+        """
+        until = self.until_ns + int(duration_s * _S)
+        self.until_ns = until
+        self._beacons(until, final=True)
+        by_topic: dict[str, list[tuple[int, float, str, bytes]]] = {}
+        sent: list[SampleBatch] = []
+        for batch in self.sim.advance(until):
+            if sensors is not None and batch.sensor not in sensors:
+                continue
+            sent.append(batch)
+            if self._record:
+                self.sent.append(batch)
+            msgs = by_topic.setdefault(self._topic_of[batch.sensor], [])
+            done = 0  # samples of the batch before this part (parts split it at clock resets)
+            for part in self._in_domain(batch):
+                for i in range(0, len(part), self.batch_size):
+                    piece = SampleBatch(part.sensor, part.node, part.gpu, part.ts_ns[i:i + self.batch_size],
+                                        part.value[i:i + self.batch_size], part.clock, part.labels)
+                    msgs.append((batch.ts_ns[done + i], rng.random(), batch.node, encode_batch(piece)))
+                done += len(part)
+            self.stats.samples += len(batch)
+        topics = sorted(by_topic)
+        rng.shuffle(topics)
+        for topic in topics:
+            for _, _, key, msg in sorted(by_topic[topic]):
+                self.producer.send(topic, msg, key)
+                self.stats.messages += 1
+            self.producer.poll()
+            time.sleep(spread_s / max(1, len(topics)))
+        for ev in self.sim.k8s_events():
+            self.producer.send(self.topics.k8s_events, encode_k8s_event(ev), ev.node)
+            self.stats.events += 1
+        self.producer.flush()
+        return sent
 
     def _beacons(self, until_ns: int, final: bool = False) -> None:
         """One beacon per node and second of event time, read at a random instant in that second."""

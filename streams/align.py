@@ -4,15 +4,18 @@ One frame is one GPU (or a node's ``host`` pseudo-GPU) x one grid tick, holding
 every sensor's aggregate by the catalog's rule plus the per-sensor sample count
 (``streams.aggregate``).
 
-A node's watermark is the *minimum* over its live series (gpu x sensor) of the
-newest event time seen, minus the allowed lateness. Using the minimum rather than
-the maximum matters: the 23 sensors travel on 23 topics that a consumer drains at
-different speeds, and a batch message can move one series ten seconds ahead at
-once; the minimum closes a cell only when every series has moved past it. A
-series that falls ``idle_series_ns`` behind its node's newest one stops holding
-the watermark back (a GPU that died must not stall its node forever), and a node
-that receives nothing for ``idle_flush_ns`` of processing time closes all its
-cells, so the tail of a run is written too.
+A node's watermark is the *minimum* over the streams that hold it of the newest
+event time each has delivered, minus the allowed lateness: the node's own series
+(gpu x sensor) and the sources (Kafka topic-partitions) of the aligner. Using the
+minimum rather than the maximum matters: the 23 sensors travel on 23 topics that a
+consumer drains at different speeds, and a batch message can move one series ten
+seconds ahead at once; the minimum closes a cell only when every stream has moved
+past it. Which streams hold, and for how long, is one rule (``streams.holds``): a
+stream that has fallen behind holds until it has been quiet for ``idle_ns`` on its
+source's quiet clock, so a GPU that died cannot stall its node forever, while a
+topic whose part of a burst lands a moment after the others still finds its cells
+open. A node whose series have all been quiet that long has its cells written, so
+the tail of a run is written too.
 
 Every sample carries its source position (an opaque source id and an offset).
 ``oldest_positions()`` tells, per source, the oldest position still held by an
@@ -40,10 +43,12 @@ import numpy.typing as npt
 from schemas.catalog import CATALOG
 from schemas.records import Labels
 from streams.aggregate import COUNT_COLUMNS, F64, I64, VALUE_COLUMNS, Frame, FrameBatch, aggregate
+from streams.holds import QuietStreams
 
 __all__ = ["COUNT_COLUMNS", "VALUE_COLUMNS", "Advance", "AlignParams", "Frame", "FrameBatch", "GridAligner",
            "LateSamples", "Recovered"]
 _NO_TS: Final = -(2**62)
+BoolArr = npt.NDArray[np.bool_]
 N_SENSORS: Final = len(CATALOG)
 
 
@@ -57,16 +62,15 @@ class AlignParams:
 
     grid_ns: int = 1_000_000_000
     allowed_lateness_ns: int = 2_000_000_000
-    idle_series_ns: int = 30_000_000_000
-    idle_flush_ns: int = 5_000_000_000
+    idle_ns: int = 15_000_000_000  # quiet time after which a stream that fell behind stops holding
     max_open_ticks: int = 3_600
     max_open_samples: int = 4_000_000  # ~200 MB of open samples; beyond it the oldest ticks close
 
     def __post_init__(self) -> None:
         if not 100_000_000 <= self.grid_ns <= 60_000_000_000:
             raise ValueError("grid_ns must be between 100 ms and 60 s")
-        if self.allowed_lateness_ns < 0 or self.idle_series_ns <= 0 or self.idle_flush_ns <= 0:
-            raise ValueError("lateness must be >= 0 and idle timeouts > 0")
+        if self.allowed_lateness_ns < 0 or self.idle_ns <= 0:
+            raise ValueError("lateness must be >= 0 and the idle bound > 0")
         if self.max_open_ticks < 1 or self.max_open_samples < 1:
             raise ValueError("max_open_ticks and max_open_samples must be >= 1")
 
@@ -79,6 +83,9 @@ class LateSamples:
     position: int
     indices: list[int]  # into that call's ts_ns / values
     total: int  # samples in that call
+    # Why: "disorder" (older than its own series' newest by more than the lateness) or
+    # "idle" (its cells closed while its series or source counted as idle, or by a cap).
+    why: str = field(default="idle", compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,19 +157,25 @@ class GridAligner:
         self._nodes: dict[str, int] = {}
         self._node_names: list[str] = []
         self._node_closed: list[int] = []  # ticks below this are final, per node
-        self._node_touched: list[bool] = []
-        self._node_last_input: list[int | None] = []
         self._pairs: dict[tuple[str, str], int] = {}
         self._pair_names: list[tuple[str, str]] = []
         self._series: dict[tuple[int, str, int], int] = {}  # (node id, gpu, sensor) -> series id
         self._s_node: list[int] = []
         self._s_pair: list[int] = []
         self._s_sensor: list[int] = []
+        self._s_src: list[int] = []  # the source a series arrives on (its first)
         self._series_max: I64 = _empty_i64()
+        self._series_quiet = QuietStreams()
         self._labels: dict[int, Labels] = {}
         self._counter_prev: dict[int, float] = {}
         self._sources: dict[Hashable, int] = {}
         self._source_keys: list[Hashable] = []
+        self._src_front: I64 = _empty_i64()  # per source, the newest first stamp of its messages
+        self._src_newest: I64 = _empty_i64()  # per source, the newest event time it delivered
+        self._source_quiet = QuietStreams()
+        # Series and sources that delivered since the last advance (their quiet time restarts).
+        self._touched_sid: list[I64] = []
+        self._touched_src: list[I64] = []
         # Input since the last advance: flat samples plus one entry per add call.
         self._p_ts = array("q")
         self._p_v = array("d")
@@ -173,6 +186,7 @@ class GridAligner:
         self._p_fix: list[tuple[int, Correction]] = []  # (message index, its clock correction)
         self._late_store: list[LateSamples] = []  # late samples found outside advance()
         self._arrays: dict[str, I64] = {}  # cache of _arr()
+        self._held: tuple[BoolArr, BoolArr] | None = None  # who held at the last advance
         # Samples of open cells.
         self._o_sid: I64 = _empty_i64()
         self._o_tick: I64 = _empty_i64()
@@ -190,11 +204,27 @@ class GridAligner:
             self._node_names.append(node)
             boundary = self._recovered.boundaries.get(node)
             self._node_closed.append(_NO_TS if boundary is None else boundary // self._grid + 1)
-            self._node_touched.append(True)
-            self._node_last_input.append(None)
         return nid
 
-    def _series_id(self, nid: int, node: str, gpu: str, sensor_index: int) -> int:
+    def _source_id(self, source: Hashable) -> int:
+        src = self._sources.get(source)
+        if src is None:
+            src = self._sources[source] = len(self._source_keys)
+            self._source_keys.append(source)
+            grown = np.full((2, len(self._source_keys)), _NO_TS, np.int64)
+            grown[0, : len(self._src_front)] = self._src_front
+            grown[1, : len(self._src_newest)] = self._src_newest
+            self._src_front, self._src_newest = grown[0].copy(), grown[1].copy()
+            self._source_quiet.grow(len(self._source_keys))
+        return src
+
+    def expect(self, sources: Sequence[Hashable]) -> None:
+        """Sources that will deliver (an assignment's topic-partitions): until each has
+        delivered or counts as idle, it holds every node's watermark back."""
+        for source in sources:
+            self._source_id(source)
+
+    def _series_id(self, nid: int, node: str, gpu: str, sensor_index: int, src: int) -> int:
         sid = self._series.get((nid, gpu, sensor_index))
         if sid is None:
             sid = self._series[(nid, gpu, sensor_index)] = len(self._s_node)
@@ -205,6 +235,7 @@ class GridAligner:
             self._s_node.append(nid)
             self._s_pair.append(pid)
             self._s_sensor.append(sensor_index)
+            self._s_src.append(src)
             prev = self._recovered.counters.get((node, gpu, sensor_index))
             if prev is not None:
                 self._counter_prev[sid] = prev
@@ -221,16 +252,14 @@ class GridAligner:
         nid = self._nodes.get(node)
         if nid is None:
             nid = self._node_id(node)
-        self._node_touched[nid] = True
-        sid = self._series.get((nid, gpu, sensor_index))
-        if sid is None:
-            sid = self._series_id(nid, node, gpu, sensor_index)
-        if labels is not None:
-            self._labels[self._s_pair[sid]] = labels
         src = self._sources.get(source)
         if src is None:
-            src = self._sources[source] = len(self._source_keys)
-            self._source_keys.append(source)
+            src = self._source_id(source)
+        sid = self._series.get((nid, gpu, sensor_index))
+        if sid is None:
+            sid = self._series_id(nid, node, gpu, sensor_index, src)
+        if labels is not None:
+            self._labels[self._s_pair[sid]] = labels
         self._p_ts.extend(ts_ns)
         self._p_v.extend(values)
         self._p_sid.append(sid)
@@ -253,13 +282,25 @@ class GridAligner:
             ts, unc = self._correct(ts, lens)
         else:
             unc = np.zeros(len(ts), np.int64)
-        msg_src, msg_pos = self._p_src, self._p_pos
+        msg_src, msg_pos, msg_sid = self._p_src, self._p_pos, self._p_sid
         self._p_ts, self._p_v = array("q"), array("d")
         self._p_sid, self._p_len, self._p_src, self._p_pos, self._p_fix = [], [], [], [], []
         if len(self._series_max) < len(self._s_node):
             grown = np.full(len(self._s_node), _NO_TS, np.int64)
             grown[: len(self._series_max)] = self._series_max
             self._series_max = grown
+        self._touched_sid.append(np.array(msg_sid, np.int64))
+        msg_srcs = np.array(msg_src, np.int64)
+        self._touched_src.append(msg_srcs)
+        # A source's frontier is the newest *first* stamp of its messages: a collector sends a
+        # batch once its samples exist, so another series' message that follows on the same
+        # topic-partition starts no earlier than that, minus the lateness, however long the batches.
+        full = lens > 0
+        if full.all():
+            np.maximum.at(self._src_front, msg_srcs, np.minimum.reduceat(ts, np.cumsum(lens) - lens))
+        elif full.any():
+            firsts = np.minimum.reduceat(ts, (np.cumsum(lens) - lens)[full])
+            np.maximum.at(self._src_front, msg_srcs[full], firsts)
         tick = ts // self._grid
         closed = np.array(self._node_closed, np.int64)[self._arr("_s_node")[sid]]
         late = tick < closed
@@ -268,13 +309,17 @@ class GridAligner:
             starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
             idx = np.flatnonzero(late)
             msg = np.searchsorted(starts, idx, side="right") - 1
+            disorder = self._series_max[sid[idx]] - ts[idx] > self.params.allowed_lateness_ns
             for m in np.unique(msg).tolist():
-                rel = (idx[msg == m] - starts[m]).tolist()
-                out.append(LateSamples(self._source_keys[msg_src[m]], msg_pos[m], rel, int(lens[m])))
+                mine = msg == m
+                rel = (idx[mine] - starts[m]).tolist()
+                why = "disorder" if bool(disorder[mine][0]) else "idle"
+                out.append(LateSamples(self._source_keys[msg_src[m]], msg_pos[m], rel, int(lens[m]), why))
             keep = ~late
             ts, v, sid, src, pos, tick = ts[keep], v[keep], sid[keep], src[keep], pos[keep], tick[keep]
             unc = unc[keep]
         np.maximum.at(self._series_max, sid, ts)
+        np.maximum.at(self._src_newest, src, ts)
         self._o_sid = np.concatenate((self._o_sid, sid))
         self._o_tick = np.concatenate((self._o_tick, tick))
         self._o_ts = np.concatenate((self._o_ts, ts))
@@ -317,16 +362,45 @@ class GridAligner:
 
     # -- output --------------------------------------------------------------------------
     def watermark(self, node: str) -> int | None:
-        """Event time up to which the node's cells are final (None before any input)."""
+        """Event time up to which the node's cells are final (None before any input), as of the
+        last ``advance`` (or, before any, with every stream holding)."""
         self._take_pending_keep_late()
         nid = self._nodes.get(node)
-        return None if nid is None else self._watermarks().get(nid)
+        if nid is None:
+            return None
+        held = self._held
+        if held is None or len(held[0]) != len(self._series_max) or len(held[1]) != len(self._src_front):
+            held = np.ones(len(self._series_max), bool), np.ones(len(self._src_front), bool)
+        return self._watermarks(*held).get(nid)
 
     def _take_pending_keep_late(self) -> None:
         self._late_store.extend(self._take_pending())
 
-    def _watermarks(self) -> dict[int, int]:
-        """Per node id: min over live series of the newest event time, minus the lateness."""
+    def _holding(self, quiet_ns: Mapping[Any, int] | None, now_ns: int) -> tuple[BoolArr, BoolArr, I64]:
+        """Which series and which sources hold now (``streams.holds``), and each series' quiet time."""
+        q_src = np.array([now_ns if quiet_ns is None else quiet_ns.get(k, now_ns) for k in self._source_keys],
+                         np.int64)
+        sq, oq = self._series_quiet, self._source_quiet
+        sq.grow(len(self._s_src))
+        if self._touched_sid:
+            q_series = q_src[self._arr("_s_src")]
+            sq.delivered(np.concatenate(self._touched_sid), q_series)
+            oq.delivered(np.concatenate(self._touched_src), q_src)
+            self._touched_sid, self._touched_src = [], []
+        else:
+            q_series = q_src[self._arr("_s_src")] if len(self._s_src) else _empty_i64()
+        idle, margin = self.params.idle_ns, self.params.allowed_lateness_ns
+        front = self._series_max
+        s_node = self._arr("_s_node")
+        newest = np.full(len(self._node_names), _NO_TS, np.int64)
+        np.maximum.at(newest, s_node, front)
+        series_held = sq.holding(front, newest[s_node], q_series, idle, margin) & (front > _NO_TS)
+        peer = np.full(len(self._src_newest), self._src_newest.max(initial=_NO_TS), np.int64)
+        source_held = oq.holding(self._src_newest, peer, q_src, idle, margin)
+        return series_held, source_held, sq.quiet_for(q_series)
+
+    def _watermarks(self, series_held: BoolArr, source_held: BoolArr) -> dict[int, int]:
+        """Per node id: min over the streams holding it of their newest event time, minus the lateness."""
         if not len(self._series_max):
             return {}
         s_node = self._arr("_s_node")
@@ -334,33 +408,42 @@ class GridAligner:
         nodes = len(self._node_names)
         newest = np.full(nodes, _NO_TS, np.int64)
         np.maximum.at(newest, s_node[seen], self._series_max[seen])
-        live = seen & (self._series_max >= newest[s_node] - self.params.idle_series_ns)
         low = np.full(nodes, np.iinfo(np.int64).max, np.int64)
-        np.minimum.at(low, s_node[live], self._series_max[live])
-        return {n: int(low[n]) - self.params.allowed_lateness_ns for n in range(nodes) if newest[n] > _NO_TS}
+        np.minimum.at(low, s_node[series_held], self._series_max[series_held])
+        floor = int(self._src_front[source_held].min(initial=np.iinfo(np.int64).max))
+        np.minimum(low, floor, out=low)
+        lateness = self.params.allowed_lateness_ns
+        return {n: max(int(low[n]), _NO_TS) - lateness for n in range(nodes) if newest[n] > _NO_TS}
 
-    def advance(self, now_ns: int, source_hold_ns: int | None = None) -> Advance:
+    def advance(self, now_ns: int, source_hold_ns: int | None = None,
+                quiet_ns: Mapping[Any, int] | None = None) -> Advance:
         """Place the queued samples and close every cell the watermarks have passed.
 
-        ``now_ns`` is processing time. ``source_hold_ns`` is the event time the slowest
-        unfinished input source has reached (the per-partition watermark of a Kafka
-        consumer): a series that first appears there later must still find its cells
-        open, so nothing closes past it (minus the lateness), and a node does not count
-        as idle while it is set.
+        ``now_ns`` is processing time. ``quiet_ns`` gives each source's quiet clock (time
+        during which Kafka confirmed it caught up, ``streams.holds``); a source missing
+        there, or every source when it is None, uses ``now_ns``. ``source_hold_ns`` is an
+        event time nothing may close past (minus the lateness), such as that of samples
+        waiting for their clock; while it is set, no node counts as idle.
         """
         late = self._late_store + self._take_pending()
         self._late_store = []
-        for nid, touched in enumerate(self._node_touched):
-            if touched:
-                self._node_touched[nid] = False
-                self._node_last_input[nid] = now_ns
+        series_held, source_held, series_quiet = self._holding(quiet_ns, now_ns)
+        self._held = series_held, source_held
         if not len(self._o_sid):
             return Advance(self._empty_batch(), late)
         nodes = len(self._node_names)
         row_node = self._arr("_s_node")[self._o_sid]
         newest_tick = np.full(nodes, _NO_TS, np.int64)
         np.maximum.at(newest_tick, row_node, self._o_tick)
-        wms = self._watermarks()
+        wms = self._watermarks(series_held, source_held)
+        # A node is idle when all its series have been quiet for the bound and no source
+        # still holds from behind (its part of a burst may yet bring this node's samples).
+        s_node = self._arr("_s_node")
+        least_quiet = np.full(nodes, np.iinfo(np.int64).max, np.int64)
+        seen = self._series_max > _NO_TS
+        np.minimum.at(least_quiet, s_node[seen], series_quiet[seen])
+        behind_src = self._src_newest < self._src_newest.max(initial=_NO_TS) - self.params.allowed_lateness_ns
+        may_idle = source_hold_ns is None and not (source_held & behind_src).any()
         close = np.array(self._node_closed, np.int64)
         for nid in range(nodes):
             if newest_tick[nid] == _NO_TS:
@@ -371,9 +454,7 @@ class GridAligner:
                 wm = min(wm, source_hold_ns - self.params.allowed_lateness_ns)
             if wm is not None:
                 c = max(c, wm // self._grid)
-            last_input = self._node_last_input[nid]
-            if (source_hold_ns is None and last_input is not None
-                    and now_ns - last_input >= self.params.idle_flush_ns):
+            if may_idle and least_quiet[nid] >= self.params.idle_ns:
                 c = int(newest_tick[nid]) + 1
             # Bounded memory: a node cannot hold more open ticks than the cap, whatever its input.
             c = max(c, int(newest_tick[nid]) + 1 - self.params.max_open_ticks)
@@ -469,7 +550,8 @@ class GridAligner:
         return aligner
 
 
-_REGISTRY: Final = ("_late_store", "_nodes", "_node_names", "_node_closed", "_node_touched", "_node_last_input",
-                    "_pairs", "_pair_names", "_series", "_s_node", "_s_pair", "_s_sensor", "_series_max", "_labels",
-                    "_counter_prev", "_sources", "_source_keys")
+_REGISTRY: Final = ("_late_store", "_nodes", "_node_names", "_node_closed", "_pairs", "_pair_names", "_series",
+                    "_s_node", "_s_pair", "_s_sensor", "_s_src", "_series_max", "_series_quiet", "_labels",
+                    "_counter_prev", "_sources", "_source_keys", "_src_front", "_src_newest", "_source_quiet",
+                    "_touched_sid", "_touched_src")
 _ROWS: Final = ("_o_sid", "_o_tick", "_o_ts", "_o_v", "_o_src", "_o_pos", "_o_unc")

@@ -94,19 +94,19 @@ def process(settings: Settings, polls: list[Poll], store: FrameStore, dlq: DeadL
     ing._store, ing._dlq = store, dlq
     ing._consumer = _Ends(polls)
     params = settings.align_params()
-    sensors = set(Topics(settings.topic_prefix).sensors)
+    sensors = Topics(settings.topic_prefix).sensors
     for p in range(settings.partitions):
+        # As after an assignment: every sensor topic holds until it delivers. The quiet clocks
+        # stay at 0 (no stream counts as idle), which leaves the watermark rule's cost in.
         ing._aligners[p] = GridAligner(params, Recovered())
-        # As after an assignment: cells stay open until every sensor topic has delivered.
-        ing._unheard[p] = {tp for tp in ing._consumer.assignment() if tp.partition == p and tp.topic in sensors}
-        ing._unheard_since[p] = time.monotonic()
+        ing._aligners[p].expect(range(len(sensors)))
+        for topic in sensors:
+            ing._quiet[TopicPartition(topic, p)] = 0
     store.detach()
     gc.collect()
     t0 = time.thread_time()
     for poll in polls:
         ing._handle(poll)
-        if ing._unheard:
-            ing._check_unheard(ing._consumer)
         ing._advance()
     ing._place_held()
     for aligner in ing._aligners.values():

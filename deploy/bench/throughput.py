@@ -108,7 +108,7 @@ def run_case(base: Settings, label: str, samples: int, batch_size: int, profile:
     and the median of the per-round ratios are the figures reported.
     """
     tag = uuid.uuid4().hex[:6]
-    settings = base.replace(topic_prefix=f"bench{tag}.", idle_flush_s=0.5)
+    settings = base.replace(topic_prefix=f"bench{tag}.", source_idle_s=0.5)
     ensure_topics(settings)
     plain_s: list[float] = []
     fulls: list[dict[str, Any]] = []
@@ -141,8 +141,8 @@ def clock_cost(base: Settings, samples: int, rounds: int, profile: bool = False)
     """Full-path rate with the GPU streams in skewed clock domains over the same data in UTC,
     the two measured back to back in each round (order alternating), so noise cancels."""
     tag = uuid.uuid4().hex[:6]
-    utc = base.replace(topic_prefix=f"bu{tag}.", idle_flush_s=0.5)
-    dom = base.replace(topic_prefix=f"bd{tag}.", idle_flush_s=0.5)
+    utc = base.replace(topic_prefix=f"bu{tag}.", source_idle_s=0.5)
+    dom = base.replace(topic_prefix=f"bd{tag}.", source_idle_s=0.5)
     rates: dict[str, list[float]] = {"utc": [], "domains": []}
     cpu: dict[str, list[float]] = {"utc": [], "domains": []}
     for st in (utc, dom):

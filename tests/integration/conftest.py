@@ -48,7 +48,7 @@ def base_settings(service_env: dict[str, str], tmp_path: Path) -> Iterator[Setti
     env = {k: v for k, v in service_env.items() if not k.startswith("FLOPWATCH_CLICKHOUSE")}
     settings = load_settings(env, topic_prefix=f"t{tag}.", group_id=f"g{tag}", partitions=4,
                              chdb_path=str(tmp_path / "chdb"), clickhouse_database=f"fw_{tag}",
-                             idle_flush_s=1.0, flush_interval_ms=300, lateness_ms=1000, clock_wait_s=1.0)
+                             source_idle_s=1.0, flush_interval_ms=300, lateness_ms=1000, clock_wait_s=1.0)
     ensure_topics(settings)
     yield settings
     delete_topics(settings)
@@ -59,7 +59,7 @@ def native_settings(base_settings: Settings, service_env: dict[str, str]) -> Ite
     """The same, writing to the real clickhouse-server over the native protocol (18.16: legacy layout)."""
     env = {k: v for k, v in service_env.items() if k.startswith("FLOPWATCH_CLICKHOUSE")}
     settings = load_settings(env, **{f: getattr(base_settings, f) for f in (
-        "kafka_bootstrap", "topic_prefix", "group_id", "partitions", "clickhouse_database", "idle_flush_s",
+        "kafka_bootstrap", "topic_prefix", "group_id", "partitions", "clickhouse_database", "source_idle_s",
         "flush_interval_ms", "lateness_ms", "clock_wait_s")}, clickhouse_backend="native", clickhouse_layout="legacy")
     yield settings
     backend = NativeBackend(settings)

@@ -24,6 +24,20 @@ def flopwatch(settings: Settings, *args: str, timeout_s: float = 120.0) -> subpr
                           capture_output=True, text=True, timeout=timeout_s)
 
 
+def test_sql_uses_the_configured_database_on_the_server(native_settings: Settings) -> None:
+    params = SimParams(nodes=1, gpus=1, seed=4, start_ns=time.time_ns() - 5 * 10**9)
+    SimulatorPublisher(native_settings, params, batch_size=10).backlog(5)
+    run_worker_until_idle(native_settings)
+    _, nrows = stored_frames(native_settings)
+    out = flopwatch(native_settings, "sql", "SELECT count() FROM gpu_frames", "--format", "csv")
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert out.stdout.splitlines() == ["count()", str(nrows)] and nrows > 0
+    elsewhere = native_settings.replace(clickhouse_database="fw_no_such_db")
+    assert flopwatch(elsewhere, "sql", "SELECT 1", "--format", "csv").stdout.splitlines() == ["1", "1"]
+    missing = flopwatch(elsewhere, "sql", "SELECT count() FROM gpu_frames")
+    assert missing.returncode != 0 and "'fw_no_such_db' does not exist yet" in missing.stderr, missing.stderr[-2000:]
+
+
 def test_sql_prints_table_json_and_csv_and_reports_errors_cleanly(base_settings: Settings) -> None:
     params = SimParams(nodes=1, gpus=1, seed=3, start_ns=time.time_ns() - 10 * 10**9)
     sent = SimulatorPublisher(base_settings, params, batch_size=10).backlog(10)
@@ -53,6 +67,11 @@ def test_sql_prints_table_json_and_csv_and_reports_errors_cleanly(base_settings:
     assert as_csv.returncode == 0, as_csv.stderr[-4000:]
     assert as_csv.stdout.splitlines()[0] == "node,frames"
     assert list(csv.reader(io.StringIO(as_csv.stdout))) == [["node", "frames"], ["node-00", str(nrows)]]
+
+    # Unqualified table names mean the configured database, on the embedded and the server backend.
+    short = flopwatch(base_settings, "sql", "SELECT count() FROM gpu_frames", "--format", "csv")
+    assert short.returncode == 0, short.stderr[-4000:]
+    assert short.stdout.splitlines() == ["count()", str(nrows)]
 
     bad = flopwatch(base_settings, "sql", f"SELECT (node FROM {base_settings.clickhouse_database}.gpu_frames")
     assert bad.returncode != 0

@@ -55,7 +55,11 @@ def test_sigkill_with_clock_domains_loses_and_duplicates_nothing(base_settings: 
 
     settings = base_settings.replace(flush_interval_ms=200)
     duration = 40.0
-    params = SimParams(nodes=3, gpus=1, seed=5, start_ns=time.time_ns() - int(duration * 1e9))
+    # The first half ends on a tick boundary: the killed worker may have written its last
+    # cells after the idle bound (its only frames can be those), and the second half must
+    # not fall in them (a producer pausing mid-tick for longer than the bound gets late).
+    start = time.time_ns() // 1_000_000_000 * 1_000_000_000 - int(duration * 1e9)
+    params = SimParams(nodes=3, gpus=1, seed=5, start_ns=start)
     pub = SimulatorPublisher(settings, params, batch_size=5, clock_domains=True)
     pub.backlog(duration / 2)
     worker = Worker(settings)
@@ -65,7 +69,7 @@ def test_sigkill_with_clock_domains_loses_and_duplicates_nothing(base_settings: 
         worker.kill()
     sent = pub.backlog(duration / 2)
     stats = run_worker_until_idle(settings)
-    assert stats["rejects"] == {} and stats["samples"] > 0
+    assert stats["rejects"] == {} and stats["samples"] > 0, stats
 
     want = expected_frames(params, duration)
     got, nrows = stored_frames(settings)

@@ -126,7 +126,8 @@ def test_watermark_waits_for_the_slowest_series_then_closes() -> None:
 def test_late_samples_are_reported_not_merged() -> None:
     p = BY_NAME["power"].index
     a = GridAligner(AlignParams(allowed_lateness_ns=0))
-    a.add("n", "0", p, [T0, T0 + 2 * GRID], [1.0, 2.0])
+    a.add("n", "0", p, [T0], [1.0])
+    a.add("n", "0", p, [T0 + 2 * GRID], [2.0])
     assert [f.tick_ns for f in out(a.advance(0))] == [T0]  # tick 1 is empty: no frame, but closed
     a.add("n", "0", p, [T0 + 5, T0 + 2 * GRID + 1, T0 + GRID + 7], [9.0, 3.0, 9.0], source="s", position=7)
     done = a.flush_all()
@@ -135,14 +136,77 @@ def test_late_samples_are_reported_not_merged() -> None:
     assert f.counts[p] == 2 and f.values[VALUE_COLUMNS.index("power")] == 2.5
 
 
-def test_idle_series_stops_holding_the_watermark_and_idle_node_flushes() -> None:
+def ticks(adv: Advance) -> list[int]:
+    return [(f.tick_ns - T0) // GRID for f in out(adv)]
+
+
+def test_a_series_that_fell_behind_holds_for_the_idle_bound_then_stops() -> None:
     p, t = BY_NAME["power"].index, BY_NAME["temperature"].index
-    a = GridAligner(AlignParams(allowed_lateness_ns=0, idle_series_ns=5 * GRID, idle_flush_ns=10 * GRID))
-    a.add("n", "0", t, [T0], [40.0])
-    a.add("n", "0", p, [T0 + i * GRID for i in range(8)], [1.0] * 8)
-    assert [f.tick_ns for f in out(a.advance(now_ns=0))] == [T0 + i * GRID for i in range(7)]
-    assert out(a.advance(now_ns=9 * GRID)) == []
-    assert [f.tick_ns for f in out(a.advance(now_ns=10 * GRID))] == [T0 + 7 * GRID]
+    a = GridAligner(AlignParams(allowed_lateness_ns=0, idle_ns=5 * GRID))
+    a.add("n", "0", t, [T0], [40.0], source="t")
+    a.add("n", "0", p, [T0 + i * GRID for i in range(8)], [1.0] * 8, source="p")
+    assert ticks(a.advance(now_ns=0)) == []  # temperature fell behind now: it holds
+    assert ticks(a.advance(now_ns=4 * GRID)) == []
+    a.add("n", "0", p, [T0 + 8 * GRID], [1.0], source="p")
+    assert ticks(a.advance(now_ns=4 * GRID + GRID // 2)) == []
+    assert ticks(a.advance(now_ns=5 * GRID)) == list(range(8))  # quiet for 5 s while behind: idle
+    assert ticks(a.advance(now_ns=9 * GRID)) == []  # power delivered 4.5 s ago: not quiet long enough
+    assert ticks(a.advance(now_ns=9 * GRID + GRID // 2)) == [8]  # every series quiet: the tail is written
+    # A delivery makes the series hold again; an old straggler of it is late by disorder.
+    a.add("n", "0", t, [T0 + 9 * GRID + 5], [41.0], source="t", position=3)
+    assert ticks(a.advance(now_ns=10 * GRID)) == []
+    a.add("n", "0", t, [T0 + GRID], [42.0], source="t", position=4)
+    assert [(x.position, x.why) for x in a.advance(now_ns=10 * GRID).late] == [(4, "disorder")]
+
+
+def test_a_burst_on_one_topic_waits_for_the_others_however_far_ahead() -> None:
+    p, t = BY_NAME["power"].index, BY_NAME["temperature"].index
+    a = GridAligner(AlignParams(allowed_lateness_ns=GRID, idle_ns=10 * GRID))
+    a.expect(["p", "t"])
+    def burst(si: int, src: str, seconds: range) -> None:  # a message a sample
+        for i in seconds:
+            a.add("n", "0", si, [T0 + i * GRID], [1.0], source=src)
+
+    burst(p, "p", range(20))
+    burst(t, "t", range(20))
+    assert ticks(a.advance(now_ns=0)) == list(range(18))
+    assert ticks(a.advance(now_ns=100 * GRID)) == [18, 19]  # quiet between bursts: the tail is written
+    # The next burst: 40 s of power lands first, temperature a moment (or 9 s) later.
+    burst(p, "p", range(20, 60))
+    assert ticks(a.advance(now_ns=100 * GRID)) == []
+    assert ticks(a.advance(now_ns=109 * GRID)) == []
+    burst(t, "t", range(20, 60))
+    adv = a.advance(now_ns=109 * GRID)
+    assert adv.late == [] and ticks(adv) == list(range(20, 58))
+
+
+def test_a_source_that_never_delivers_holds_at_first_then_counts_as_idle() -> None:
+    p = BY_NAME["power"].index
+    a = GridAligner(AlignParams(allowed_lateness_ns=0, idle_ns=5 * GRID))
+    a.expect(["p", "t", "u"])
+    assert ticks(a.advance(now_ns=0)) == []
+    assert ticks(a.advance(now_ns=60 * GRID)) == []  # nothing to hold for before any data
+    a.add("n", "0", p, [T0 + i * GRID for i in range(10)], [1.0] * 10, source="p")
+    assert ticks(a.advance(now_ns=61 * GRID)) == []  # t and u may carry this burst's other series
+    assert ticks(a.advance(now_ns=65 * GRID)) == []
+    assert ticks(a.advance(now_ns=66 * GRID)) == list(range(10))  # t, u idle; power quiet too: tail
+    # A source that arrives after it counted as idle: late, and the reason says so.
+    a.add("n", "0", BY_NAME["temperature"].index, [T0 + 2 * GRID], [40.0], source="t", position=4)
+    [late] = a.advance(now_ns=67 * GRID).late
+    assert (late.source, late.position, late.why) == ("t", 4, "idle")
+
+
+def test_idleness_counts_only_quiet_clock_time() -> None:
+    """A source whose quiet clock stands still (Kafka not answering) never counts as idle."""
+    p, t = BY_NAME["power"].index, BY_NAME["temperature"].index
+    a = GridAligner(AlignParams(allowed_lateness_ns=0, idle_ns=5 * GRID))
+    a.expect(["p", "t"])
+    a.add("n", "0", t, [T0], [40.0], source="t")
+    a.add("n", "0", p, [T0 + i * GRID for i in range(8)], [1.0] * 8, source="p")
+    for now in (0, 10 * GRID, 100 * GRID):
+        assert ticks(a.advance(now_ns=now, quiet_ns={"p": now, "t": 0})) == []
+        a.add("n", "0", p, [T0 + 8 * GRID + now // 1000], [1.0], source="p")  # power keeps coming
+    assert ticks(a.advance(now_ns=101 * GRID, quiet_ns={"p": 101 * GRID, "t": 5 * GRID})) == list(range(8))
 
 
 def test_open_ticks_are_capped() -> None:

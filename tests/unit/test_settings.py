@@ -37,10 +37,22 @@ def test_defaults_without_env_or_file() -> None:
     assert s.clickhouse_secure is False
     assert s.clickhouse_layout == "current"
     assert s.grid_ms == 1000 and s.lateness_ms == 2000
-    assert s.idle_series_s == 30.0
+    assert s.source_idle_s == 15.0
     assert s.kafka_sasl_password.get() == "" and s.clickhouse_password.get() == ""
-    assert s.align_params() == AlignParams(grid_ns=10**9, allowed_lateness_ns=2 * 10**9, idle_series_ns=30 * 10**9,
-                                           idle_flush_ns=5 * 10**9)
+    assert s.align_params() == AlignParams(grid_ns=10**9, allowed_lateness_ns=2 * 10**9, idle_ns=15 * 10**9)
+
+
+@pytest.mark.parametrize("old", ["FLOPWATCH_IDLE_SERIES_S", "FLOPWATCH_IDLE_FLUSH_S"])
+def test_a_retired_setting_is_an_error_that_names_its_replacement(old: str) -> None:
+    with pytest.raises(SettingsError, match=f"{old} is gone.*FLOPWATCH_SOURCE_IDLE_S"):
+        load_settings({old: "5"})
+
+
+def test_a_retired_setting_in_the_config_file_is_an_error(tmp_path: Path) -> None:
+    cfg = tmp_path / "fw.toml"
+    cfg.write_text("idle_flush_s = 5\n")
+    with pytest.raises(SettingsError, match=r"'idle_flush_s' in .*fw.toml is gone"):
+        load_settings({}, config_file=cfg)
 
 
 def test_settings_are_frozen() -> None:
@@ -53,14 +65,14 @@ def test_settings_are_frozen() -> None:
 def test_env_parses_int_float_bool_and_literal_fields() -> None:
     s = load_settings({
         "FLOPWATCH_PARTITIONS": "12",
-        "FLOPWATCH_IDLE_SERIES_S": "2.5",
+        "FLOPWATCH_SOURCE_IDLE_S": "2.5",
         "FLOPWATCH_CLICKHOUSE_SECURE": "true",
         "FLOPWATCH_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
         "FLOPWATCH_CLICKHOUSE_BACKEND": "native",
         "FLOPWATCH_TOPIC_PREFIX": "staging.",
     })
     assert s.partitions == 12 and type(s.partitions) is int
-    assert s.idle_series_s == 2.5 and type(s.idle_series_s) is float
+    assert s.source_idle_s == 2.5 and type(s.source_idle_s) is float
     assert s.clickhouse_secure is True
     assert s.kafka_security_protocol == "SASL_SSL"
     assert s.clickhouse_backend == "native"
@@ -144,8 +156,8 @@ def test_bad_int_names_the_setting_the_value_and_the_type() -> None:
 
 
 def test_bad_float_and_bad_bool_are_settings_errors() -> None:
-    with pytest.raises(SettingsError, match=r"idle_flush_s.*float"):
-        load_settings({"FLOPWATCH_IDLE_FLUSH_S": "soon"})
+    with pytest.raises(SettingsError, match=r"source_idle_s.*float"):
+        load_settings({"FLOPWATCH_SOURCE_IDLE_S": "soon"})
     with pytest.raises(SettingsError, match=r"clickhouse_secure.*bool"):
         load_settings({"FLOPWATCH_CLICKHOUSE_SECURE": "maybe"})
 
@@ -229,7 +241,7 @@ def test_settings_env_round_trips_to_an_equal_configuration() -> None:
                       kafka_sasl_mechanism="SCRAM-SHA-512", kafka_sasl_username="alice",
                       kafka_sasl_password=KAFKA_PW, clickhouse_password=CH_PW, clickhouse_secure=True,
                       clickhouse_backend="native", clickhouse_layout="legacy", topic_prefix="t1.", partitions=8,
-                      idle_series_s=12.5, grid_ms=250, lateness_ms=0, max_age_s=3600.0)
+                      source_idle_s=12.5, grid_ms=250, lateness_ms=0, max_age_s=3600.0)
     env = settings_env(s)
     assert all(k.startswith("FLOPWATCH_") for k in env)
     assert all(isinstance(v, str) for v in env.values())
