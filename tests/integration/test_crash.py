@@ -69,22 +69,76 @@ def test_sigkill_mid_run_loses_and_duplicates_nothing(any_settings: Settings, ru
     assert_frames_equal(got, want)
 
 
-@pytest.mark.parametrize("clock_domains", [False, True], ids=["utc", "clock-domains"])
-def test_two_workers_one_sigkilled_frames_stay_exact(native_settings: Settings, clock_domains: bool) -> None:
+@pytest.mark.parametrize("run", range(3))
+def test_sigkill_amid_bursts_loses_and_duplicates_nothing(any_settings: Settings, run: int) -> None:
+    """A backlog, then bursts whose topics land in any order up to 2 s apart; a SIGKILL among them."""
+    rng = random.Random(1000 + run)
+    settings = any_settings.replace(flush_interval_ms=200, source_idle_s=5.0)
+    duration = 60.0
+    start = (time.time_ns() // 1_000_000_000 - int(duration)) * 1_000_000_000
+    params = SimParams(nodes=3, gpus=2, seed=200 + run, start_ns=start)
+    pub = SimulatorPublisher(settings, params, batch_size=rng.choice([10, 50]))
+    pub.burst(duration / 2, rng)
+    want = expected_frames(params, duration)
+
+    def produce_rest() -> None:
+        for _ in range(6):
+            pub.burst(duration / 12, rng, spread_s=2.0)
+            time.sleep(rng.uniform(0.0, 1.0))
+
+    worker = Worker(settings)
+    producing = threading.Thread(target=produce_rest)
+    producing.start()
+    flushes_with_frames = rng.randint(1, 3)
+
+    def kill_point(stats: dict[str, Any]) -> bool:
+        nonlocal flushes_with_frames
+        if stats["frames_written"] > 0:
+            flushes_with_frames -= 1
+        return flushes_with_frames == 0
+
+    try:
+        written_before_kill = worker.wait_for(kill_point)["frames_written"]
+        time.sleep(rng.uniform(0, 0.3))
+    finally:
+        worker.kill()
+        producing.join()
+    assert 0 < written_before_kill < len(want), "the kill must land mid-run"
+    assert worker.last["rejects"] == {}, worker.last
+
+    after = run_worker_until_idle(settings)
+    assert after["samples"] > 0 and after["rejects"] == {}, after
+
+    got, nrows = stored_frames(settings)
+    assert nrows == len(got), f"{nrows - len(got)} duplicate rows in gpu_frames"
+    assert_frames_equal(got, want)
+
+
+@pytest.mark.parametrize(("clock_domains", "bursts"), [(False, False), (True, False), (False, True)],
+                         ids=["utc", "clock-domains", "utc-bursts"])
+def test_two_workers_one_sigkilled_frames_stay_exact(native_settings: Settings, clock_domains: bool,
+                                                     bursts: bool) -> None:
     """A rebalance hands the dead worker's partitions (open cells, held samples, clock fits) to the survivor."""
-    settings = native_settings.replace(flush_interval_ms=200)
+    settings = native_settings.replace(flush_interval_ms=200, source_idle_s=4.0 if bursts else 1.0)
     duration = 40.0
     # Six nodes cover partitions 0, 1 and 3 of 4, so each worker owns data under the range assignor.
-    params = SimParams(nodes=6, gpus=1, seed=77, start_ns=time.time_ns() - int(duration * 1e9))
+    start = (time.time_ns() // 1_000_000_000 - int(duration)) * 1_000_000_000
+    params = SimParams(nodes=6, gpus=1, seed=77, start_ns=start)
     pub = SimulatorPublisher(settings, params, batch_size=10, clock_domains=clock_domains)
+    rng = random.Random(77)
     pub.backlog(duration / 4)
     want = expected_frames(params, duration)
-    # The rest is produced without a pause longer than the idle flush (which would close cells
-    # that the next chunk still fills), and slowly enough that the kill lands while it flows.
+    # The rest is produced without a pause longer than the idle bound (which would close cells
+    # that the next chunk still fills), and slowly enough that the kill lands while it flows;
+    # as bursts, each second's topics land in any order up to 1.5 s apart.
     def produce_rest() -> None:
         for _ in range(30):
-            pub.backlog(1.0, 1.0)
-            time.sleep(0.5)
+            if bursts:
+                pub.burst(1.0, rng, spread_s=1.5)
+                time.sleep(0.2)
+            else:
+                pub.backlog(1.0, 1.0)
+                time.sleep(0.5)
 
     producing = threading.Thread(target=produce_rest)
     producing.start()
