@@ -73,6 +73,7 @@ class IngestStats:
     replayed_dropped: int = 0
     commits_refused: int = 0  # commits Kafka turned down because the group had rebalanced
     commits_failed: int = 0  # commits that timed out (Kafka unreachable); a later flush commits again
+    internal_errors: int = 0  # records that tripped a bug of ours (dead-lettered as internal_error)
     rejects: Counter[str] = field(default_factory=Counter)
     lag: int | None = None  # records behind the end of the assigned partitions; None: not known yet
     flushes: int = 0
@@ -85,7 +86,7 @@ class IngestStats:
         return {"messages": self.messages, "samples": self.samples, "frames_written": self.frames_written,
                 "events_written": self.events_written, "beacons": self.beacons,
                 "replayed_dropped": self.replayed_dropped, "commits_refused": self.commits_refused,
-                "commits_failed": self.commits_failed,
+                "commits_failed": self.commits_failed, "internal_errors": self.internal_errors,
                 "rejects": dict(self.rejects), "lag": self.lag,
                 "flushes": self.flushes, "open_cells": self.open_cells, "held": self.held,
                 "late": dict(self.late)}
@@ -144,6 +145,7 @@ class Ingestor:
         self._inflight: asyncio.Future[None] | None = None
         self._on_flush: Callable[[IngestStats], None] | None = None
         self._commit_failing_since = 0.0
+        self._errors_logged: set[str] = set()
 
     async def _on_ch(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._ch, fn, *args)
@@ -278,35 +280,57 @@ class Ingestor:
                 clocks = self._clocks
                 now = time.monotonic()
                 for rec in records:
-                    res = decode_samples(rec.value or b"", name, limits)
-                    if isinstance(res, Reject):
-                        dlq.send(res, rec.value, rec.key, tp.topic, tp.partition, rec.offset, rec.headers)
-                        continue
-                    stats.samples += len(res.ts_ns)
-                    if res.clock != UTC_CLOCK:  # placed with a beacon read after it, or held for one
-                        clocks.offer(tp.partition, aligner, waiting, rec, res, si, now)
-                        continue
-                    aligner.add(res.node, res.gpu, si, res.ts_ns, res.value, res.labels, si, rec.offset)
-                    waiting[(si, rec.offset)] = rec
+                    try:  # zero cost unless it raises (3.11)
+                        res = decode_samples(rec.value or b"", name, limits)
+                        if isinstance(res, Reject):
+                            dlq.send(res, rec.value, rec.key, tp.topic, tp.partition, rec.offset, rec.headers)
+                            continue
+                        if res.clock != UTC_CLOCK:  # placed with a beacon read after it, or held for one
+                            clocks.offer(tp.partition, aligner, waiting, rec, res, si, now)
+                        else:
+                            aligner.add(res.node, res.gpu, si, res.ts_ns, res.value, res.labels, si, rec.offset)
+                            waiting[(si, rec.offset)] = rec
+                        stats.samples += len(res.ts_ns)
+                    except Exception as exc:
+                        self._internal_error(exc, rec, tp)
             elif kind == _EVENTS:
                 done = self._progress.events_done.get((tp.topic, tp.partition), -1)
                 for rec in records:
-                    ev = decode_k8s_event(rec.value or b"")
-                    if isinstance(ev, Reject):
-                        dlq.send(ev, rec.value, rec.key, tp.topic, tp.partition, rec.offset, rec.headers)
-                    elif rec.offset > done:
-                        self._store.add_event(ev, tp.topic, tp.partition, rec.offset)
+                    try:
+                        ev = decode_k8s_event(rec.value or b"")
+                        if isinstance(ev, Reject):
+                            dlq.send(ev, rec.value, rec.key, tp.topic, tp.partition, rec.offset, rec.headers)
+                        elif rec.offset > done:
+                            self._store.add_event(ev, tp.topic, tp.partition, rec.offset)
+                    except Exception as exc:
+                        self._internal_error(exc, rec, tp)
             else:
                 for rec in records:
-                    beacon = decode_beacon(rec.value or b"")
-                    if isinstance(beacon, Reject):
-                        dlq.send(beacon, rec.value, rec.key, tp.topic, tp.partition, rec.offset, rec.headers)
-                    else:
-                        stats.beacons += 1
-                        self._clocks.beacon(tp.partition, beacon, rec.offset)
+                    try:
+                        beacon = decode_beacon(rec.value or b"")
+                        if isinstance(beacon, Reject):
+                            dlq.send(beacon, rec.value, rec.key, tp.topic, tp.partition, rec.offset, rec.headers)
+                        else:
+                            stats.beacons += 1
+                            self._clocks.beacon(tp.partition, beacon, rec.offset)
+                    except Exception as exc:
+                        self._internal_error(exc, rec, tp)
             self._next[tp] = records[-1].offset + 1
         stats.rejects = dlq.counts
         self._dirty = True
+
+    def _internal_error(self, exc: Exception, rec: ConsumerRecord[bytes, bytes], tp: TopicPartition) -> None:
+        """A record that tripped a bug of ours: dead-lettered with the exception, the worker goes on
+        (a crash would replay it forever, since the commit stays behind it)."""
+        assert self._dlq is not None
+        what = type(exc).__name__
+        self.stats.internal_errors += 1
+        if what not in self._errors_logged:  # the traceback once per kind, not once per record
+            self._errors_logged.add(what)
+            log.error("internal error on %s[%d]@%d, sent to the dead-letter topic (further %s errors are only "
+                      "counted)", tp.topic, tp.partition, rec.offset, what, exc_info=exc)
+        self._dlq.send(Reject(RejectReason.INTERNAL_ERROR, f"{what}: {exc}"), rec.value, rec.key, tp.topic,
+                       tp.partition, rec.offset, rec.headers)
 
     async def _probe_positions(self, consumer: AIOKafkaConsumer) -> None:
         """Learn the fetch position of assigned partitions not read from yet, waiting briefly.

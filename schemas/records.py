@@ -29,6 +29,7 @@ class RejectReason(StrEnum):
     TOO_NEW = "too_new"
     LATE = "late"
     NO_CLOCK = "no_clock"
+    INTERNAL_ERROR = "internal_error"  # a bug of ours tripped on this record; the detail names the exception
 
 
 @dataclass(frozen=True, slots=True)

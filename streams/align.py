@@ -260,8 +260,15 @@ class GridAligner:
             sid = self._series_id(nid, node, gpu, sensor_index, src)
         if labels is not None:
             self._labels[self._s_pair[sid]] = labels
-        self._p_ts.extend(ts_ns)
-        self._p_v.extend(values)
+        n = len(self._p_ts)
+        try:
+            self._p_ts.extend(ts_ns)
+            self._p_v.extend(values)
+            if len(self._p_ts) != len(self._p_v):
+                raise ValueError(f"{len(ts_ns)} times but {len(values)} values")
+        except Exception:
+            del self._p_ts[n:], self._p_v[n:]  # all or nothing: the caller may go on with the next message
+            raise
         self._p_sid.append(sid)
         self._p_len.append(len(ts_ns))
         self._p_src.append(src)

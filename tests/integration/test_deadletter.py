@@ -103,3 +103,67 @@ def test_rejects_reach_the_dead_letter_topic_and_good_data_is_exact(base_setting
     got, nrows = stored_frames(settings)
     assert nrows == len(got)
     assert_frames_equal(got, expected_frames(params, duration))
+
+
+def test_a_record_that_trips_a_bug_is_dead_lettered_and_the_worker_goes_on(
+        native_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug that one record trips (simulated in the decoders) costs that record only: it goes to
+    the dead-letter topic as internal_error with the exception, the rest is exact."""
+    import asyncio
+
+    import agents.ingest as ingest
+    from agents.cli import _stop_when_idle
+    from schemas.codec import decode_k8s_event, decode_samples
+
+    settings = native_settings
+    topics = Topics(settings.topic_prefix)
+    real_samples, real_event = decode_samples, decode_k8s_event
+
+    def samples_with_bug(raw: bytes, sensor: str, limits: object = None) -> object:
+        if b"trips-a-bug" in raw:
+            raise ZeroDivisionError("simulated bug")
+        return real_samples(raw, sensor, limits)  # type: ignore[arg-type]
+
+    def event_with_bug(raw: bytes) -> object:
+        if b"trips-a-bug" in raw:
+            raise KeyError("simulated")
+        return real_event(raw)
+
+    monkeypatch.setattr(ingest, "decode_samples", samples_with_bug)
+    monkeypatch.setattr(ingest, "decode_k8s_event", event_with_bug)
+    duration = 8.0
+    now = time.time_ns()
+    params = SimParams(nodes=2, gpus=1, seed=9, start_ns=now - int(duration * 1e9))
+    pub = SimulatorPublisher(settings, params, batch_size=10)
+    pub.backlog(duration / 2)
+    poison = orjson.dumps({"v": 1, "node": "node-00", "gpu": "0", "ts_ns": now - 10**9, "value": 50.0,
+                           "labels": {"pod": "trips-a-bug"}})
+    event = orjson.dumps({"v": 1, "node": "node-00", "ts_ns": now, "type": "Normal", "reason": "trips-a-bug",
+                          "kind": "Pod"})
+    producer = SampleProducer(settings)
+    producer.send(topics.sensor(4), poison, "node-00")
+    producer.send(topics.sensor(0), poison, "node-00")
+    producer.send(topics.k8s_events, event, "node-00")
+    producer.flush()
+    pub.backlog(duration / 2)
+
+    async def run() -> ingest.IngestStats:
+        ingestor = ingest.Ingestor(settings)
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(_stop_when_idle(ingestor, stop, 2.0))
+        try:
+            return await asyncio.wait_for(ingestor.run(stop), 180)
+        finally:
+            watcher.cancel()
+
+    stats = asyncio.run(run())
+    assert stats.internal_errors == 3 and dict(stats.rejects) == {"internal_error": 3}, stats.as_dict()
+    letters = read_dlq(settings, expect=3)
+    assert sorted(v for v, _ in letters) == sorted([poison, poison, event])
+    details = sorted(h["flopwatch.detail"] for _, h in letters)
+    assert details == ["KeyError: 'simulated'", "ZeroDivisionError: simulated bug",
+                       "ZeroDivisionError: simulated bug"], details
+    assert {h["flopwatch.reason"] for _, h in letters} == {"internal_error"}
+    got, nrows = stored_frames(settings)
+    assert nrows == len(got)
+    assert_frames_equal(got, expected_frames(params, duration))
