@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from typing import Final, Literal
 
-from schemas.catalog import CATALOG, LABEL_COLUMNS, value_columns
+from schemas import frames
+from schemas.frames import LABEL_COLS
 
 Layout = Literal["current", "legacy"]
 _IDENT: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -25,13 +26,12 @@ def check_identifier(name: str) -> str:
     return name
 
 
-LABEL_COLS: Final = tuple(LABEL_COLUMNS.values())
 INT_LABEL_COLS: Final = frozenset({"rank", "pid"})
-VALUE_COLS: Final = tuple(col for _, _, col in value_columns())
-COUNT_COLS: Final = tuple(s.count_column for s in CATALOG)
-# Insert order of gpu_frames; ``ts`` is epoch milliseconds on the wire for both layouts.
-FRAME_COLUMNS: Final = ("ts", "node", "gpu", *LABEL_COLS, *VALUE_COLS, *COUNT_COLS, "clock_uncertainty_us")
-DERIVED_COLS: Final = ("tflops", "flops_per_watt", "cost_per_tflops")
+# The frame's columns come from its contract (schemas.frames); the short names are the DDL's.
+VALUE_COLS: Final = frames.VALUE_COLUMNS
+COUNT_COLS: Final = frames.COUNT_COLUMNS
+FRAME_COLUMNS: Final = frames.INSERT_COLUMNS
+DERIVED_COLS: Final = frames.DERIVED_COLUMNS
 EVENT_COLUMNS: Final = ("ts", "node", "type", "reason", "kind", "namespace", "pod", "workload", "gpus", "message",
                         "kafka_topic", "kafka_partition", "kafka_offset")
 PROGRESS_COLUMNS: Final = ("topic", "partition", "offset", "written_at")

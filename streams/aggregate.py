@@ -13,13 +13,12 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from schemas.catalog import CATALOG, value_columns
+from schemas.catalog import CATALOG
+from schemas.frames import COUNT_COLUMNS, VALUE_COLUMNS, count_index, value_index
 from schemas.records import Labels
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
-VALUE_COLUMNS: Final = tuple(col for _, _, col in value_columns())
-COUNT_COLUMNS: Final = tuple(s.count_column for s in CATALOG)
 _COUNTER: Final = np.array([s.kind == "counter" for s in CATALOG])
 
 
@@ -33,6 +32,14 @@ class Frame:
     values: list[float | None]
     counts: list[int]
     labels: Labels
+
+    def value(self, column: str) -> float | None:
+        """A value column by name (``"power"``, ``"gpu_util_max"``); None where the cell was empty."""
+        return self.values[value_index(column)]
+
+    def count(self, column: str) -> int:
+        """A count column by name (``"n_power"``)."""
+        return self.counts[count_index(column)]
 
 
 @dataclass(slots=True)
@@ -50,6 +57,14 @@ class FrameBatch:
     def __len__(self) -> int:
         return len(self.node)
 
+    def column(self, name: str) -> F64 | I64:
+        """A value or count column by name, one entry per frame (NaN where a cell was empty)."""
+        if name in self.values:
+            return self.values[name]
+        if name in self.counts:
+            return self.counts[name]
+        raise KeyError(f"{name!r} is not a value or count column of gpu_frames")
+
     def frames(self) -> list[Frame]:
         vals = [self.values[c].tolist() for c in VALUE_COLUMNS]
         cnts = [self.counts[c].tolist() for c in COUNT_COLUMNS]
@@ -58,7 +73,6 @@ class FrameBatch:
             row: list[float | None] = [None if v[i] != v[i] else v[i] for v in vals]
             out.append(Frame(self.node[i], self.gpu[i], tick, row, [c[i] for c in cnts], self.labels[i]))
         return out
-
 
 
 def aggregate(sid: I64, tick: I64, ts: I64, v: F64, unc: I64, *, s_sensor: I64, s_pair: I64,

@@ -41,8 +41,9 @@ import numpy as np
 import numpy.typing as npt
 
 from schemas.catalog import CATALOG
+from schemas.frames import COUNT_COLUMNS, VALUE_COLUMNS
 from schemas.records import Labels
-from streams.aggregate import COUNT_COLUMNS, F64, I64, VALUE_COLUMNS, Frame, FrameBatch, aggregate
+from streams.aggregate import F64, I64, Frame, FrameBatch, aggregate
 from streams.holds import QuietStreams
 
 __all__ = ["COUNT_COLUMNS", "VALUE_COLUMNS", "Advance", "AlignParams", "Frame", "FrameBatch", "GridAligner",
@@ -145,7 +146,7 @@ class GridAligner:
     >>> a = GridAligner(AlignParams(allowed_lateness_ns=0))
     >>> a.add("n1", "0", 4, [100, 600_000_000], [300.0, 310.0])
     >>> a.add("n1", "0", 4, [1_200_000_000], [320.0])
-    >>> [(f.tick_ns, f.values[VALUE_COLUMNS.index("power")]) for f in a.advance(now_ns=0).frames.frames()]
+    >>> [(f.tick_ns, f.value("power")) for f in a.advance(now_ns=0).frames.frames()]
     [(0, 305.0)]
     """
 

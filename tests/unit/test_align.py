@@ -133,7 +133,7 @@ def test_late_samples_are_reported_not_merged() -> None:
     done = a.flush_all()
     assert done.late == [LateSamples("s", 7, [0, 2], 3)]
     [f] = done.frames.frames()
-    assert f.counts[p] == 2 and f.values[VALUE_COLUMNS.index("power")] == 2.5
+    assert f.counts[p] == 2 and f.value("power") == 2.5
 
 
 def ticks(adv: Advance) -> list[int]:
@@ -249,15 +249,14 @@ def test_recovered_boundary_and_counter_continue_a_crashed_run() -> None:
     frames = out(full.flush_all())
     first, rest = frames[0], frames[1:]
     # A restart that knows tick T0 is written and the counter stood at 6 there.
-    last = first.values[VALUE_COLUMNS.index("ecc_errors_last")]
+    last = first.value("ecc_errors_last")
     assert last is not None  # the first cell has samples
     again = GridAligner(AlignParams(allowed_lateness_ns=0), Recovered({"n": first.tick_ns}, {("n", "0", e): last}))
     again.add("n", "0", e, [t for t, _ in pts], [v for _, v in pts])
     done = again.flush_all()
     assert [x.indices for x in done.late] == [[0, 1, 2]]
     assert [(f.tick_ns, f.values) for f in done.frames.frames()] == [(f.tick_ns, f.values) for f in rest]
-    inc = VALUE_COLUMNS.index("ecc_errors")
-    assert [f.values[inc] for f in frames] == [1.0, 3.0 + 1.0, 1.0 + 2.0]
+    assert [f.value("ecc_errors") for f in frames] == [1.0, 3.0 + 1.0, 1.0 + 2.0]
 
 
 def test_snapshot_round_trips_through_pickle() -> None:
@@ -293,7 +292,7 @@ def test_a_clock_correction_moves_samples_onto_utc_and_reports_its_uncertainty()
     a.add("n", "host", BY_NAME["host_cpu_util"].index, [T0 + 10], [50.0])
     done = a.flush_all()
     frames = {f.gpu: f for f in done.frames.frames()}
-    assert frames["0"].tick_ns == T0 and frames["0"].values[VALUE_COLUMNS.index("power")] == 150.0
+    assert frames["0"].tick_ns == T0 and frames["0"].value("power") == 150.0
     unc = dict(zip(done.frames.gpu, done.frames.clock_uncertainty_ns.tolist(), strict=True))
     assert unc == {"0": 40_000, "host": 0}
 
@@ -320,3 +319,17 @@ def test_corrections_of_a_poll_match_each_fit_applied_alone() -> None:
         want[f"c{i}"] = fit.to_utc(t) // grid * grid
     got = {f.gpu: f.tick_ns for f in a.flush_all().frames.frames()}
     assert got == want
+
+
+def test_frames_are_read_by_column_name() -> None:
+    p = BY_NAME["power"].index
+    a = GridAligner(AlignParams(allowed_lateness_ns=0))
+    a.add("n", "0", p, [T0, T0 + 5], [100.0, 200.0])
+    batch = a.flush_all().frames
+    assert batch.column("power").tolist() == [150.0] and batch.column("n_power").tolist() == [2]
+    [f] = batch.frames()
+    assert f.value("power") == 150.0 and f.count("n_power") == 2 and f.value("temperature") is None
+    with pytest.raises(KeyError, match="'watts' is not a value or count column"):
+        batch.column("watts")
+    with pytest.raises(KeyError, match="'n_power' is not a value column"):
+        f.value("n_power")

@@ -1,0 +1,40 @@
+"""The aligned frame as a contract: its columns, named once for the aligner, the sinks, the DDL
+and the tests. Generated from the catalog; code reads a column by name, never by position.
+
+>>> VALUE_COLUMNS[:3], COUNT_COLUMNS[:2]
+(('gpu_util', 'gpu_util_max', 'sm_active'), ('n_gpu_util', 'n_sm_active'))
+>>> INSERT_COLUMNS[:3], INSERT_COLUMNS[-1]
+(('ts', 'node', 'gpu'), 'clock_uncertainty_us')
+>>> value_index("power") == VALUE_COLUMNS.index("power")
+True
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from schemas.catalog import CATALOG, LABEL_COLUMNS, value_columns
+
+VALUE_COLUMNS: Final = tuple(col for _, _, col in value_columns())  # one per sensor aggregate
+COUNT_COLUMNS: Final = tuple(s.count_column for s in CATALOG)  # samples per sensor and cell
+LABEL_COLS: Final = tuple(LABEL_COLUMNS.values())
+DERIVED_COLUMNS: Final = ("tflops", "flops_per_watt", "cost_per_tflops")
+# Insert order of gpu_frames; ``ts`` is epoch milliseconds on the wire for both layouts.
+INSERT_COLUMNS: Final = ("ts", "node", "gpu", *LABEL_COLS, *VALUE_COLUMNS, *COUNT_COLUMNS, "clock_uncertainty_us")
+_VALUE_INDEX: Final = {c: i for i, c in enumerate(VALUE_COLUMNS)}
+_COUNT_INDEX: Final = {c: i for i, c in enumerate(COUNT_COLUMNS)}
+
+
+def value_index(column: str) -> int:
+    """Position of a value column in a frame's ``values``; KeyError names a column that is not one."""
+    try:
+        return _VALUE_INDEX[column]
+    except KeyError:
+        raise KeyError(f"{column!r} is not a value column of gpu_frames") from None
+
+
+def count_index(column: str) -> int:
+    try:
+        return _COUNT_INDEX[column]
+    except KeyError:
+        raise KeyError(f"{column!r} is not a count column of gpu_frames") from None
