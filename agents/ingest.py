@@ -39,6 +39,7 @@ from aiokafka.errors import CommitFailedError
 from agents.clickhouse import Backend, ensure_schema, open_backend
 from agents.clocks import ClockDomains
 from agents.deadletter import DeadLetter
+from agents.positions import Positions
 from agents.producer import SampleProducer
 from agents.settings import Settings
 from agents.store import FrameStore, Pending, Progress
@@ -53,8 +54,6 @@ log = logging.getLogger(__name__)
 _SENSOR, _EVENTS, _CLOCK = 0, 1, 2
 COMMIT_TIMEOUT_S = 30.0
 COMMIT_GIVE_UP_S = 300.0  # commits failing this long (the broker or the topics are gone): the worker stops
-POSITION_PROBE_S = 0.2  # how long one loop turn waits for Kafka to tell unread partitions' positions
-ANSWER_S = 2.0  # a fetch response older than this does not confirm a partition caught up
 
 
 class CommitError(RuntimeError):
@@ -120,17 +119,7 @@ class Ingestor:
         self._route[self.topics.k8s_events] = (_EVENTS, -1)
         self._route[self.topics.clock_sync] = (_CLOCK, -1)
         self._aligners: dict[int, GridAligner] = {}
-        # Per sensor partition, its quiet clock (streams.holds): nanoseconds during which Kafka
-        # confirmed it caught up. The aligners measure a stream's idleness on it, so time in
-        # which the data could not have arrived (a broker outage, a backlog still being read)
-        # never makes a stream idle.
-        self._quiet: dict[TopicPartition, int] = {}
-        self._quiet_turn = time.monotonic_ns()
-        self._next: dict[TopicPartition, int] = {}
-        # Fetch positions of assigned partitions not read from yet; they change only on a
-        # (re)assignment, which bumps the epoch so a probe started before it is thrown away.
-        self._probed: dict[TopicPartition, int] = {}
-        self._assign_epoch = 0
+        self._pos = Positions()  # read positions and the sensor partitions' quiet clocks
         # Records handed to an aligner since its last advance, by (partition, topic index, offset):
         # a late verdict comes back from advance() and needs the original bytes.
         self._waiting: dict[int, dict[tuple[int, int], ConsumerRecord[bytes, bytes]]] = {}
@@ -154,8 +143,7 @@ class Ingestor:
     async def on_assigned(self, assigned: list[TopicPartition]) -> None:
         async with self._lock:
             assert self._store is not None
-            self._assign_epoch += 1
-            self._probed.clear()
+            self._pos.assigned(tp for tp in assigned if tp.topic in self._sensor_topics)
             self._progress = await self._on_ch(self._store.recover)
             params = self.settings.align_params()
             for p in sorted({tp.partition for tp in assigned} - set(self._aligners)):
@@ -163,23 +151,17 @@ class Ingestor:
                 # Every sensor topic of the partition holds it until it delivers or counts as idle.
                 aligner.expect(sorted(self._route[tp.topic][1] for tp in assigned
                                       if tp.partition == p and tp.topic in self._sensor_topics))
-            for tp in assigned:
-                if tp.topic in self._sensor_topics:
-                    self._quiet.setdefault(tp, 0)
             log.info("assigned partitions %s", sorted({tp.partition for tp in assigned}))
 
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
         async with self._lock:
-            self._assign_epoch += 1
-            self._probed.clear()
+            self._pos.revoked(revoked)
             await self._flush_locked()
             for p in {tp.partition for tp in revoked}:
                 self._aligners.pop(p, None)
                 self._clocks.drop(p)
             for tp in revoked:
                 self._waiting.pop(tp.partition, None)
-                self._next.pop(tp, None)
-                self._quiet.pop(tp, None)
             log.info("revoked partitions %s", sorted({tp.partition for tp in revoked}))
 
     # -- the loop ------------------------------------------------------------------------
@@ -212,16 +194,14 @@ class Ingestor:
                 if not batch and not consumer.assignment():
                     await asyncio.sleep(0.1)  # no partitions (yet, or topics gone): don't spin
                 due = time.monotonic_ns() - self._last_flush >= s.flush_interval_ms * 1_000_000
-                if due or len(self._next) + len(self._probed) < len(consumer.assignment()):
-                    # Outside the lock: a position can wait for a rebalance to finish, and the
-                    # rebalance waits for the revoke callback, which takes the lock.
-                    await self._probe_positions(consumer)
+                if due or self._pos.unknown(consumer):
+                    await self._pos.probe(consumer)  # outside the lock (Positions.probe says why)
                 async with self._lock:
                     if batch:
                         self._handle(batch)
                         if not self.stats.first_record_ns:
                             self.stats.first_record_ns = time.monotonic_ns()
-                    self._tick_quiet(consumer)
+                    self._pos.tick_quiet(consumer)
                     self._advance()
                     flushed = self._store.pending_rows >= s.flush_rows or (due and self._has_work())
                     if flushed:
@@ -229,7 +209,7 @@ class Ingestor:
                     elif due:
                         self._last_flush = time.monotonic_ns()  # nothing to write; look again later
                     if flushed or due:
-                        self._update_lag(consumer)
+                        self.stats.lag = self._pos.lag(consumer)
             async with self._lock:
                 if drain:
                     self._place_held()
@@ -315,7 +295,7 @@ class Ingestor:
                             self._clocks.beacon(tp.partition, beacon, rec.offset)
                     except Exception as exc:
                         self._internal_error(exc, rec, tp)
-            self._next[tp] = records[-1].offset + 1
+            self._pos.read(tp, records[-1].offset)
         stats.rejects = dlq.counts
         self._dirty = True
 
@@ -331,62 +311,6 @@ class Ingestor:
                       "counted)", tp.topic, tp.partition, rec.offset, what, exc_info=exc)
         self._dlq.send(Reject(RejectReason.INTERNAL_ERROR, f"{what}: {exc}"), rec.value, rec.key, tp.topic,
                        tp.partition, rec.offset, rec.headers)
-
-    async def _probe_positions(self, consumer: AIOKafkaConsumer) -> None:
-        """Learn the fetch position of assigned partitions not read from yet, waiting briefly.
-
-        Never called under the lock (see the loop); a position Kafka cannot tell within
-        ``POSITION_PROBE_S`` (it is fetching committed offsets, or a rebalance is under
-        way) is asked again on a later turn.
-        """
-        epoch = self._assign_epoch
-        tps = [tp for tp in consumer.assignment() if tp not in self._next and tp not in self._probed]
-        if not tps:
-            return
-        asks = {asyncio.ensure_future(consumer.position(tp)): tp for tp in tps}
-        done, slow = await asyncio.wait(asks, timeout=POSITION_PROBE_S)
-        for task in slow:
-            task.cancel()
-        for task in done:
-            if task.exception() is None and epoch == self._assign_epoch:
-                self._probed[asks[task]] = task.result()
-
-    def _position(self, tp: TopicPartition) -> int | None:
-        pos = self._next.get(tp)
-        return pos if pos is not None else self._probed.get(tp)
-
-    def _update_lag(self, consumer: AIOKafkaConsumer) -> None:
-        """Records behind the end of every assigned partition; None until each end is known."""
-        lag: int | None = 0
-        for tp in consumer.assignment():
-            hw, pos = consumer.highwater(tp), self._position(tp)
-            if hw is None or pos is None or lag is None:
-                lag = None
-                break
-            lag += max(0, hw - pos)
-        self.stats.lag = lag
-
-    def _tick_quiet(self, consumer: AIOKafkaConsumer) -> None:
-        """Run the quiet clock of each sensor partition Kafka confirms caught up.
-
-        Confirmed means a fetch response for it within ``ANSWER_S`` (a caught-up partition
-        gets one about every ``fetch_max_wait_ms``) whose highwater our position has reached.
-        A turn counts for at most ``ANSWER_S``, so a stalled loop does not count as quiet.
-        """
-        now = time.monotonic_ns()
-        step = min(now - self._quiet_turn, int(ANSWER_S * 1e9))
-        self._quiet_turn = now
-        if step <= 0:
-            return
-        fresh_ms = time.time() * 1000 - ANSWER_S * 1000
-        quiet = self._quiet
-        for tp in quiet:
-            answered = consumer.last_poll_timestamp(tp)
-            if answered is None or answered < fresh_ms:
-                continue
-            hw, pos = consumer.highwater(tp), self._position(tp)
-            if hw is not None and pos is not None and pos >= hw:
-                quiet[tp] += step
 
     def _place_held(self) -> dict[int, int]:
         hold = self._clocks.place_held(self._aligners, self._waiting)
@@ -410,7 +334,7 @@ class Ingestor:
         hold = self._place_held()
         self._dead_letter_expired()
         quiet: dict[int, dict[int, int]] = {}
-        for tp, q in self._quiet.items():
+        for tp, q in self._pos.quiet.items():
             quiet.setdefault(tp.partition, {})[self._route[tp.topic][1]] = q
         for p, aligner in self._aligners.items():
             adv = aligner.advance(now, hold.get(p), quiet.get(p, {}))
@@ -454,11 +378,10 @@ class Ingestor:
         commit: dict[TopicPartition, int] = {}
         oldest = {p: a.oldest_positions() for p, a in self._aligners.items()}
         assigned = consumer.assignment()
-        for tp in [tp for tp in self._next if tp not in assigned]:
-            del self._next[tp]  # gone without a revoke (its topic was deleted): nothing to commit there
+        self._pos.forget_unassigned(assigned)
         beacon_pins = self._clocks.pins(oldest)
         waiting = self._clocks.oldest_held()  # (partition, topic index) -> oldest held offset
-        for tp, nxt in self._next.items():
+        for tp, nxt in self._pos.next.items():
             kind, si = self._route[tp.topic]
             held: int | None = None
             if kind == _SENSOR:
@@ -469,7 +392,7 @@ class Ingestor:
             elif kind == _CLOCK:
                 held = beacon_pins.get(tp.partition)
             commit[tp] = nxt if held is None else min(nxt, held)
-        consumed = {(tp.topic, tp.partition): nxt for tp, nxt in self._next.items()}
+        consumed = {(tp.topic, tp.partition): nxt for tp, nxt in self._pos.next.items()}
         closed = {n: t for a in self._aligners.values() for n, t in a.closed_ticks().items()}
         pending = store.detach()
         self._last_flush = time.monotonic_ns()

@@ -101,7 +101,7 @@ def process(settings: Settings, polls: list[Poll], store: FrameStore, dlq: DeadL
         ing._aligners[p] = GridAligner(params, Recovered())
         ing._aligners[p].expect(range(len(sensors)))
         for topic in sensors:
-            ing._quiet[TopicPartition(topic, p)] = 0
+            ing._pos.quiet[TopicPartition(topic, p)] = 0
     store.detach()
     gc.collect()
     t0 = time.thread_time()

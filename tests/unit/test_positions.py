@@ -1,0 +1,56 @@
+"""The quiet clock of a sensor partition runs only while Kafka confirms it caught up."""
+
+from __future__ import annotations
+
+from aiokafka import TopicPartition
+
+from agents.positions import ANSWER_S, Positions
+
+S = 1_000_000_000
+
+
+class _Fetches:
+    """What the consumer's fetcher last said per partition: highwater and when (wall ms)."""
+
+    def __init__(self) -> None:
+        self.hw: dict[TopicPartition, int] = {}
+        self.at_ms: dict[TopicPartition, float] = {}
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.hw)
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        return self.hw.get(tp)
+
+    def last_poll_timestamp(self, tp: TopicPartition) -> float | None:
+        return self.at_ms.get(tp)
+
+
+def test_quiet_clock_counts_only_confirmed_caught_up_time() -> None:
+    clock = {"mono": 0, "wall": 1_000 * S}
+    pos = Positions(mono_ns=lambda: clock["mono"], wall_ns=lambda: clock["wall"])
+    a, b = TopicPartition("sensors.power", 0), TopicPartition("sensors.gpu_util", 0)
+    kafka = _Fetches()
+    pos.assigned([a, b])
+    pos.read(a, 9)  # a: read up to offset 9 of 10 records
+    pos.read(b, 4)  # b: 5 of 8
+    kafka.hw = {a: 10, b: 8}
+
+    def turn(dt_s: float, answered: bool = True) -> None:
+        clock["mono"] += int(dt_s * S)
+        clock["wall"] += int(dt_s * S)
+        if answered:
+            kafka.at_ms = {tp: clock["wall"] / 1e6 for tp in kafka.hw}
+        pos.tick_quiet(kafka)
+
+    turn(1.0)
+    turn(1.0)
+    assert pos.quiet == {a: 2 * S, b: 0}  # b has unread records: its clock stands
+    for _ in range(10):  # the broker is gone: no fetch responses, no quiet time
+        turn(1.0, answered=False)
+    assert pos.quiet[a] == 2 * S + int(ANSWER_S * S)  # responses up to ANSWER_S old still count
+    turn(30.0)  # a stalled loop counts for at most ANSWER_S
+    assert pos.quiet[a] == 2 * S + 2 * int(ANSWER_S * S)
+    assert pos.lag(kafka) == 3
+    pos.revoked([a])
+    assert a not in pos.quiet and pos.position(a) is None
