@@ -119,7 +119,7 @@ class Ingestor:
         self._route[self.topics.k8s_events] = (_EVENTS, -1)
         self._route[self.topics.clock_sync] = (_CLOCK, -1)
         self._aligners: dict[int, GridAligner] = {}
-        self._pos = Positions()  # read positions and the sensor partitions' quiet clocks
+        self._pos = Positions(wall_ns=clock_ns)  # read positions and the sensor partitions' quiet clocks
         # Records handed to an aligner since its last advance, by (partition, topic index, offset):
         # a late verdict comes back from advance() and needs the original bytes.
         self._waiting: dict[int, dict[tuple[int, int], ConsumerRecord[bytes, bytes]]] = {}

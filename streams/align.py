@@ -34,8 +34,8 @@ from __future__ import annotations
 import copy
 from array import array
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from dataclasses import dataclass
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -44,82 +44,25 @@ from schemas.catalog import CATALOG
 from schemas.frames import COUNT_COLUMNS, VALUE_COLUMNS
 from schemas.records import Labels
 from streams.aggregate import F64, I64, Frame, FrameBatch, aggregate
+from streams.correction import Correction, to_utc
+from streams.grid import Advance, AlignParams, LateSamples, Recovered
 from streams.holds import QuietStreams
 
-__all__ = ["COUNT_COLUMNS", "VALUE_COLUMNS", "Advance", "AlignParams", "Frame", "FrameBatch", "GridAligner",
-           "LateSamples", "Recovered"]
+__all__ = [
+    "COUNT_COLUMNS",
+    "VALUE_COLUMNS",
+    "Advance",
+    "AlignParams",
+    "Correction",
+    "Frame",
+    "FrameBatch",
+    "GridAligner",
+    "LateSamples",
+    "Recovered",
+]
 _NO_TS: Final = -(2**62)
 BoolArr = npt.NDArray[np.bool_]
 N_SENSORS: Final = len(CATALOG)
-
-
-@dataclass(frozen=True, slots=True)
-class AlignParams:
-    """Grid and lateness settings (all in nanoseconds).
-
-    >>> AlignParams().grid_ns
-    1000000000
-    """
-
-    grid_ns: int = 1_000_000_000
-    allowed_lateness_ns: int = 2_000_000_000
-    idle_ns: int = 15_000_000_000  # quiet time after which a stream that fell behind stops holding
-    max_open_ticks: int = 3_600
-    max_open_samples: int = 4_000_000  # ~200 MB of open samples; beyond it the oldest ticks close
-
-    def __post_init__(self) -> None:
-        if not 100_000_000 <= self.grid_ns <= 60_000_000_000:
-            raise ValueError("grid_ns must be between 100 ms and 60 s")
-        if self.allowed_lateness_ns < 0 or self.idle_ns <= 0:
-            raise ValueError("lateness must be >= 0 and the idle bound > 0")
-        if self.max_open_ticks < 1 or self.max_open_samples < 1:
-            raise ValueError("max_open_ticks and max_open_samples must be >= 1")
-
-
-@dataclass(frozen=True, slots=True)
-class LateSamples:
-    """Samples of one ``add`` call that fell in cells already written."""
-
-    source: Hashable
-    position: int
-    indices: list[int]  # into that call's ts_ns / values
-    total: int  # samples in that call
-    # Why: "disorder" (older than its own series' newest by more than the lateness) or
-    # "idle" (its cells closed while its series or source counted as idle, or by a cap).
-    why: str = field(default="idle", compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class Advance:
-    frames: FrameBatch
-    late: list[LateSamples]
-
-
-class Correction(Protocol):
-    """A clock-domain-to-UTC mapping (``streams.clock.ClockFit`` is one)."""
-
-    @property
-    def base_ns(self) -> int: ...
-    @property
-    def offset_ns(self) -> float: ...
-    @property
-    def drift(self) -> float: ...
-    @property
-    def ref_ns(self) -> int: ...
-    @property
-    def uncertainty_ns(self) -> int: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Recovered:
-    """What durable storage says about a node, so a restarted aligner neither repeats nor forgets.
-
-    ``boundaries``: per node, the newest tick already written (ticks up to it are final).
-    ``counters``: the last raw value of each (node, gpu, sensor index) counter series.
-    """
-
-    boundaries: Mapping[str, int] = field(default_factory=dict)
-    counters: Mapping[tuple[str, str, int], float] = field(default_factory=dict)
 
 
 def _empty_i64() -> I64:
@@ -283,22 +226,23 @@ class GridAligner:
         lens = np.array(self._p_len, np.int64)
         ts = np.frombuffer(self._p_ts, np.int64)
         v = np.frombuffer(self._p_v, np.float64)
-        sid = np.repeat(np.array(self._p_sid, np.int64), lens)
-        src = np.repeat(np.array(self._p_src, np.int64), lens)
+        msg_sids = np.array(self._p_sid, np.int64)
+        msg_srcs = np.array(self._p_src, np.int64)
+        sid = np.repeat(msg_sids, lens)
+        src = np.repeat(msg_srcs, lens)
         pos = np.repeat(np.array(self._p_pos, np.int64), lens)
         if self._p_fix:
-            ts, unc = self._correct(ts, lens)
+            ts, unc = to_utc(ts, lens, self._p_fix)
         else:
             unc = np.zeros(len(ts), np.int64)
-        msg_src, msg_pos, msg_sid = self._p_src, self._p_pos, self._p_sid
+        msg_src, msg_pos = self._p_src, self._p_pos
         self._p_ts, self._p_v = array("q"), array("d")
         self._p_sid, self._p_len, self._p_src, self._p_pos, self._p_fix = [], [], [], [], []
         if len(self._series_max) < len(self._s_node):
             grown = np.full(len(self._s_node), _NO_TS, np.int64)
             grown[: len(self._series_max)] = self._series_max
             self._series_max = grown
-        self._touched_sid.append(np.array(msg_sid, np.int64))
-        msg_srcs = np.array(msg_src, np.int64)
+        self._touched_sid.append(msg_sids)
         self._touched_src.append(msg_srcs)
         # A source's frontier is the newest *first* stamp of its messages: a collector sends a
         # batch once its samples exist, so another series' message that follows on the same
@@ -336,30 +280,6 @@ class GridAligner:
         self._o_pos = np.concatenate((self._o_pos, pos))
         self._o_unc = np.concatenate((self._o_unc, unc))
         return out
-
-    def _correct(self, ts: I64, lens: I64) -> tuple[I64, I64]:
-        """utc = t + base + round(offset + drift * (t - ref)) for the messages that carry a correction.
-
-        Every message of the poll takes part, the uncorrected ones with the identity, so the
-        arithmetic runs over whole arrays with no masks, gathers or scatters (it is memory-bound).
-        """
-        m = len(lens)
-        base, ref, unc = np.zeros(m, np.int64), np.zeros(m, np.int64), np.zeros(m, np.int64)
-        off, drift = np.zeros(m), np.zeros(m)
-        at = [i for i, _ in self._p_fix]
-        fixes = [c for _, c in self._p_fix]
-        base[at] = [c.base_ns for c in fixes]
-        ref[at] = [c.ref_ns for c in fixes]
-        unc[at] = [c.uncertainty_ns for c in fixes]
-        off[at] = [c.offset_ns for c in fixes]
-        drift[at] = [c.drift for c in fixes]
-        shift = (ts - np.repeat(ref, lens)).astype(np.float64)
-        shift *= np.repeat(drift, lens)  # exactly 0 where drift is 0, however coarse the float
-        shift += np.repeat(off, lens)
-        np.rint(shift, out=shift)
-        out = ts + shift.astype(np.int64)
-        out += np.repeat(base, lens)
-        return out, np.repeat(unc, lens)
 
     def _arr(self, name: str) -> I64:
         """A series registry list as an array, rebuilt only when series were added."""
@@ -450,8 +370,7 @@ class GridAligner:
         least_quiet = np.full(nodes, np.iinfo(np.int64).max, np.int64)
         seen = self._series_max > _NO_TS
         np.minimum.at(least_quiet, s_node[seen], series_quiet[seen])
-        behind_src = self._src_newest < self._src_newest.max(initial=_NO_TS) - self.params.allowed_lateness_ns
-        may_idle = source_hold_ns is None and not (source_held & behind_src).any()
+        may_idle = source_hold_ns is None and not (source_held & self._source_quiet.is_behind()).any()
         close = np.array(self._node_closed, np.int64)
         for nid in range(nodes):
             if newest_tick[nid] == _NO_TS:

@@ -97,6 +97,11 @@ class QuietStreams:
         held: npt.NDArray[np.bool_] = ~behind | (quiet < idle_ns)
         return held
 
+    def is_behind(self) -> npt.NDArray[np.bool_]:
+        """Which streams were behind at the last ``holding``."""
+        out: npt.NDArray[np.bool_] = self.behind != UNSET
+        return out
+
     def quiet_for(self, quiet_now: I64) -> I64:
         """How long each stream has been quiet (since its last delivery), on its source's clock."""
         return np.where(self.last == UNSET, 0, quiet_now - self.last)

@@ -6,6 +6,7 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -26,6 +27,19 @@ from tests.integration.helpers import (
 pytestmark = pytest.mark.integration
 
 
+def after_flushes_with_frames(n: int) -> Callable[[dict[str, Any]], bool]:
+    """A kill point: true at the ``n``-th stats line of a flush that wrote frames."""
+    left = n
+
+    def due(stats: dict[str, Any]) -> bool:
+        nonlocal left
+        if stats["frames_written"] > 0:
+            left -= 1
+        return left == 0
+
+    return due
+
+
 @pytest.mark.parametrize("run", range(5))
 def test_sigkill_mid_run_loses_and_duplicates_nothing(any_settings: Settings, run: int) -> None:
     rng = random.Random(run)
@@ -44,16 +58,8 @@ def test_sigkill_mid_run_loses_and_duplicates_nothing(any_settings: Settings, ru
     worker = Worker(settings)
     producing = threading.Thread(target=produce_rest)
     producing.start()
-    flushes_with_frames = rng.randint(1, 4)
-
-    def kill_point(stats: dict[str, Any]) -> bool:
-        nonlocal flushes_with_frames
-        if stats["frames_written"] > 0:  # a flush that wrote frames
-            flushes_with_frames -= 1
-        return flushes_with_frames == 0
-
     try:
-        written_before_kill = worker.wait_for(kill_point)["frames_written"]
+        written_before_kill = worker.wait_for(after_flushes_with_frames(rng.randint(1, 4)))["frames_written"]
         time.sleep(rng.uniform(0, 0.3))  # land anywhere in the next poll/flush cycle
     finally:
         worker.kill()
@@ -89,16 +95,8 @@ def test_sigkill_amid_bursts_loses_and_duplicates_nothing(any_settings: Settings
     worker = Worker(settings)
     producing = threading.Thread(target=produce_rest)
     producing.start()
-    flushes_with_frames = rng.randint(1, 3)
-
-    def kill_point(stats: dict[str, Any]) -> bool:
-        nonlocal flushes_with_frames
-        if stats["frames_written"] > 0:
-            flushes_with_frames -= 1
-        return flushes_with_frames == 0
-
     try:
-        written_before_kill = worker.wait_for(kill_point)["frames_written"]
+        written_before_kill = worker.wait_for(after_flushes_with_frames(rng.randint(1, 3)))["frames_written"]
         time.sleep(rng.uniform(0, 0.3))
     finally:
         worker.kill()
