@@ -15,7 +15,7 @@ by the newest fit of every kept epoch (for the samples still to come).
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from aiokafka import ConsumerRecord
@@ -69,8 +69,9 @@ class _Partition:
 class ClockDomains:
     """The worker's clock domains, per partition number. ``expired`` collects what to dead-letter."""
 
-    def __init__(self, params: ClockParams, wait_s: float) -> None:
+    def __init__(self, params: ClockParams, wait_s: float, mono_ns: Callable[[], int] = time.monotonic_ns) -> None:
         self._params = params
+        self._mono_ns = mono_ns
         self._wait_s = wait_s
         self._parts: dict[int, _Partition] = {}
         self.expired: list[tuple[int, Held, str]] = []  # (partition, message, why) for no_clock
@@ -89,7 +90,7 @@ class ClockDomains:
         track.add(b, offset)
 
     def offer(self, partition: int, aligner: GridAligner, waiting: Waiting, rec: ConsumerRecord[bytes, bytes],
-              batch: SampleBatch, sensor: int, now: float) -> None:
+              batch: SampleBatch, sensor: int) -> None:
         """Place a domain message if its beacon is here, else hold it."""
         part = self._part(partition)
         key = (batch.node, batch.clock)
@@ -104,13 +105,13 @@ class ClockDomains:
             wait = part.held[key] = _DomainWait()
         if len(wait.items) >= MAX_HELD:  # bounded: the oldest waiter gives way
             self.expired.append((partition, wait.items.pop(0), "the waiting list is full"))
-        wait.items.append(Held(rec, batch, sensor, now, lo, hi))
+        wait.items.append(Held(rec, batch, sensor, self._mono_ns() / 1e9, lo, hi))
 
     def place_held(self, aligners: dict[int, GridAligner], waiting: dict[int, Waiting]) -> dict[int, int]:
         """Correct and place held messages whose domain has a beacon after them; move the ones
         that waited too long to ``expired``; per partition, the event time still held back."""
         hold: dict[int, int] = {}
-        now = time.monotonic()
+        now = self._mono_ns() / 1e9
         for p, part in self._parts.items():
             aligner = aligners.get(p)
             if aligner is None:

@@ -37,13 +37,13 @@ from throughput import publish
 
 from agents.admin import delete_topics, ensure_topics
 from agents.clickhouse import open_backend
+from agents.core import IngestCore
 from agents.deadletter import DeadLetter
-from agents.ingest import Ingestor
 from agents.producer import SampleProducer
 from agents.settings import Settings, load_settings
-from agents.store import FrameStore
+from agents.store import FrameStore, Progress
 from agents.topics import Topics, aiokafka_config
-from streams.align import GridAligner, Recovered
+from streams.align import Recovered
 
 Poll = dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
 
@@ -72,49 +72,26 @@ async def fetch(settings: Settings, messages: int) -> list[Poll]:
     return polls
 
 
-class _Ends:
-    """The consumer's view the alignment asks for: what is assigned, and where each partition ends."""
-
-    def __init__(self, polls: list[Poll]) -> None:
-        self._end: dict[TopicPartition, int] = {}
-        for poll in polls:
-            for tp, recs in poll.items():
-                self._end[tp] = max(self._end.get(tp, 0), recs[-1].offset + 1)
-
-    def assignment(self) -> set[TopicPartition]:
-        return set(self._end)
-
-    def highwater(self, tp: TopicPartition) -> int | None:
-        return self._end.get(tp)
-
-
 def process(settings: Settings, polls: list[Poll], store: FrameStore, dlq: DeadLetter) -> tuple[float, int, int]:
     """Seconds of this thread's CPU to turn ``polls`` into frames; samples and frames made."""
-    ing = Ingestor(settings)
-    ing._store, ing._dlq = store, dlq
-    ing._consumer = _Ends(polls)
-    params = settings.align_params()
+    core = IngestCore(settings, store, dlq)
     sensors = Topics(settings.topic_prefix).sensors
-    for p in range(settings.partitions):
-        # As after an assignment: every sensor topic holds until it delivers. The quiet clocks
-        # stay at 0 (no stream counts as idle), which leaves the watermark rule's cost in.
-        ing._aligners[p] = GridAligner(params, Recovered())
-        ing._aligners[p].expect(range(len(sensors)))
-        for topic in sensors:
-            ing._pos.quiet[TopicPartition(topic, p)] = 0
+    # As after an assignment of every partition: each sensor topic holds until it delivers. The
+    # quiet clocks stay at 0 (no stream counts as idle), which leaves the watermark rule's cost in.
+    quiet = {TopicPartition(t, p): 0 for p in range(settings.partitions) for t in sensors}
+    core.assign([*quiet, *(TopicPartition(t, p) for p in range(settings.partitions)
+                           for t in Topics(settings.topic_prefix).inputs if t not in sensors)], Progress(Recovered()))
     store.detach()
     gc.collect()
     t0 = time.thread_time()
     for poll in polls:
-        ing._handle(poll)
-        ing._advance()
-    ing._place_held()
-    for aligner in ing._aligners.values():
-        store.add_frames(aligner.flush_all().frames)
+        core.handle(poll)
+        core.advance(quiet)
+    core.drain()
     cpu = time.thread_time() - t0
     frames = store.pending_rows
     store.detach()
-    return cpu, ing.stats.samples, frames
+    return cpu, core.stats.samples, frames
 
 
 def main() -> None:

@@ -111,6 +111,7 @@ def test_a_record_that_trips_a_bug_is_dead_lettered_and_the_worker_goes_on(
     the dead-letter topic as internal_error with the exception, the rest is exact."""
     import asyncio
 
+    import agents.core as core
     import agents.ingest as ingest
     from agents.cli import _stop_when_idle
     from schemas.codec import decode_k8s_event, decode_samples
@@ -129,8 +130,8 @@ def test_a_record_that_trips_a_bug_is_dead_lettered_and_the_worker_goes_on(
             raise KeyError("simulated")
         return real_event(raw)
 
-    monkeypatch.setattr(ingest, "decode_samples", samples_with_bug)
-    monkeypatch.setattr(ingest, "decode_k8s_event", event_with_bug)
+    monkeypatch.setattr(core, "decode_samples", samples_with_bug)
+    monkeypatch.setattr(core, "decode_k8s_event", event_with_bug)
     duration = 8.0
     now = time.time_ns()
     params = SimParams(nodes=2, gpus=1, seed=9, start_ns=now - int(duration * 1e9))

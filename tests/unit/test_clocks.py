@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from aiokafka import ConsumerRecord
 
 import agents.clocks as clocks
 from agents.clocks import ClockDomains
+from agents.timebase import ManualClock
 from schemas.catalog import BY_NAME
 from schemas.records import ClockBeacon, SampleBatch
 from streams.align import AlignParams, GridAligner
@@ -36,7 +35,7 @@ def test_a_message_waits_for_a_later_beacon_and_holds_its_partition_meanwhile() 
     doms = ClockDomains(ClockParams(), wait_s=60.0)
     aligner = GridAligner(AlignParams(allowed_lateness_ns=0))
     waiting: dict[int, clocks.Waiting] = {0: {}}
-    doms.offer(0, aligner, waiting[0], record(5), batch(100 * S), POWER, time.monotonic())
+    doms.offer(0, aligner, waiting[0], record(5), batch(100 * S), POWER)
     assert doms.place_held({0: aligner}, waiting) == {0: 0}  # no fit at all: nothing may close
     assert doms.held == 1 and doms.oldest_held() == {(0, POWER): 5}
 
@@ -58,15 +57,20 @@ def test_a_message_with_a_beacon_already_read_is_placed_at_once() -> None:
     aligner = GridAligner(AlignParams(allowed_lateness_ns=0))
     doms.beacon(0, beacon(101 * S), offset=7)
     waiting: clocks.Waiting = {}
-    doms.offer(0, aligner, waiting, record(3), batch(100 * S), POWER, time.monotonic())
+    doms.offer(0, aligner, waiting, record(3), batch(100 * S), POWER)
     assert doms.held == 0 and (POWER, 3) in waiting
 
 
 def test_waiting_too_long_or_in_a_full_list_ends_in_expired(monkeypatch: pytest.MonkeyPatch) -> None:
-    doms = ClockDomains(ClockParams(), wait_s=5.0)
+    clock = ManualClock(mono_ns=100 * S)
+    doms = ClockDomains(ClockParams(), wait_s=5.0, mono_ns=clock.mono_ns)
     aligner = GridAligner(AlignParams())
     waiting: dict[int, clocks.Waiting] = {0: {}}
-    doms.offer(0, aligner, waiting[0], record(1), batch(100 * S), POWER, time.monotonic() - 10.0)
+    doms.offer(0, aligner, waiting[0], record(1), batch(100 * S), POWER)
+    clock.advance(4 * S)
+    doms.place_held({0: aligner}, waiting)
+    assert doms.held == 1 and not doms.expired  # 4 s of the 5 s wait
+    clock.advance(2 * S)
     doms.place_held({0: aligner}, waiting)
     assert [(p, h.rec.offset) for p, h, _ in doms.expired] == [(0, 1)] and doms.held == 0
     assert "none within 5 s" in doms.expired[0][2]
@@ -74,7 +78,7 @@ def test_waiting_too_long_or_in_a_full_list_ends_in_expired(monkeypatch: pytest.
     monkeypatch.setattr(clocks, "MAX_HELD", 2)
     doms = ClockDomains(ClockParams(), wait_s=5.0)
     for off in range(3):
-        doms.offer(0, aligner, waiting[0], record(off), batch(100 * S + off), POWER, time.monotonic())
+        doms.offer(0, aligner, waiting[0], record(off), batch(100 * S + off), POWER)
     assert [h.rec.offset for _, h, _ in doms.expired] == [0] and doms.held == 2  # the oldest gave way
     doms.drop(0)
     assert doms.held == 0 and doms.pins({}) == {}

@@ -1,0 +1,128 @@
+"""The ingest's processing core on plain records: no Kafka, no ClickHouse, a manual clock."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, cast
+
+import orjson
+import pytest
+from aiokafka import ConsumerRecord, TopicPartition
+
+import agents.core as core_module
+from agents.clickhouse import Backend
+from agents.commits import commit_offsets
+from agents.core import IngestCore
+from agents.settings import load_settings
+from agents.store import FrameStore, Progress
+from agents.timebase import ManualClock
+from agents.topics import Topics
+from schemas.records import Reject
+from streams.align import Recovered
+
+S = 1_000_000_000
+T0 = 1_796_200_000 * S
+SETTINGS = load_settings({}, topic_prefix="u.", partitions=1, lateness_ms=1000, source_idle_s=1.0)
+TOPICS = Topics("u.")
+POWER, UTIL = TOPICS.sensor(4), TOPICS.sensor(0)
+
+
+class Letters:
+    """The dead-letter sink: what the core refused, in order."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.sent: list[tuple[str, str, int]] = []
+
+    def send(self, reject: Reject, value: bytes | None, key: bytes | None, topic: str, partition: int, offset: int,
+             headers: Any = (), indices: list[int] | None = None) -> None:
+        self.counts[reject.reason.value] += 1
+        self.sent.append((reject.reason.value, topic, offset))
+
+
+def rec(topic: str, offset: int, ts_s: float, value: float, node: str = "n0") -> ConsumerRecord[bytes, bytes]:
+    raw = orjson.dumps({"v": 1, "node": node, "gpu": "0", "ts_ns": T0 + int(ts_s * S), "value": value})
+    return ConsumerRecord(topic, 0, offset, 0, 0, node.encode(), raw, None, 1, len(raw), [])
+
+
+def make() -> tuple[IngestCore, FrameStore, Letters, ManualClock]:
+    store = FrameStore(cast(Backend, None))  # only buffers here; nothing is written
+    letters, clock = Letters(), ManualClock(wall_ns=T0 + 2 * S, mono_ns=0)
+    core = IngestCore(SETTINGS, store, letters, clock)
+    core.assign([TopicPartition(t, 0) for t in TOPICS.inputs], Progress(Recovered()))
+    return core, store, letters, clock
+
+
+def quiet_all(ns: int) -> dict[TopicPartition, int]:
+    return {TopicPartition(t, 0): ns for t in TOPICS.sensors}
+
+
+def test_a_poll_becomes_frames_and_commits_wait_for_open_cells() -> None:
+    core, store, letters, clock = make()
+    poll = {TopicPartition(POWER, 0): [rec(POWER, i, i * 0.5, 300.0 + i) for i in range(6)],
+            TopicPartition(UTIL, 0): [rec(UTIL, i, i * 0.5, 50.0) for i in range(6)]}
+    read = core.handle(poll)
+    assert read == {TopicPartition(POWER, 0): 5, TopicPartition(UTIL, 0): 5} and core.stats.samples == 12
+    core.advance(quiet_all(0))
+    # Other sensor topics never delivered and are not quiet yet: they hold every cell open.
+    assert store.pending_rows == 0 and core.open_cells() > 0
+    nxt = {tp: off + 1 for tp, off in read.items()}
+    assert core.commit_points(nxt) == {TopicPartition(POWER, 0): 0, TopicPartition(UTIL, 0): 0}
+    clock.advance(5 * S)
+    core.advance(quiet_all(5 * S))  # everyone quiet past the bound: the tail closes
+    batch = store.detach().batches
+    frames = [f for b in batch for f in b.frames()]
+    assert [(f.tick_ns - T0) // S for f in frames] == [0, 1, 2]
+    assert [f.value("power") for f in frames] == [300.5, 302.5, 304.5]
+    assert [f.count("n_gpu_util") for f in frames] == [2, 2, 2]
+    assert core.commit_points(nxt) == nxt and not letters.sent
+
+
+def test_bad_records_and_bugs_are_dead_lettered_and_the_rest_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    core, store, letters, _ = make()
+    real = core_module.decode_samples  # type: ignore[attr-defined]
+
+    def buggy(raw: bytes, sensor: str, limits: object = None) -> object:
+        if b"301.0" in raw:
+            raise ZeroDivisionError("simulated")
+        return real(raw, sensor, limits)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(core_module, "decode_samples", buggy)
+    bad = ConsumerRecord(POWER, 0, 3, 0, 0, b"n0", b"{not json", None, 1, 9, [])
+    core.handle({TopicPartition(POWER, 0): [rec(POWER, 0, 0, 300.0), rec(POWER, 1, 0.1, 301.0),
+                                            rec(POWER, 2, 0.2, 302.0), bad]})
+    assert letters.sent == [("internal_error", POWER, 1), ("malformed_json", POWER, 3)]
+    assert core.stats.internal_errors == 1 and core.stats.samples == 2
+    core.drain()
+    (frame,) = [f for b in store.detach().batches for f in b.frames()]
+    assert frame.value("power") == 301.0 and frame.count("n_power") == 2
+
+
+def test_a_sample_behind_a_written_cell_is_late_and_named() -> None:
+    core, store, letters, clock = make()
+    core.handle({TopicPartition(POWER, 0): [rec(POWER, i, i, 300.0) for i in range(5)]})
+    core.advance(quiet_all(0))  # the silent topics fall behind here; their quiet time counts from now
+    clock.advance(5 * S)
+    core.advance(quiet_all(5 * S))
+    assert store.pending_rows == 5
+    core.handle({TopicPartition(POWER, 0): [rec(POWER, 5, 0.5, 310.0)]})
+    core.advance(quiet_all(5 * S))
+    assert letters.sent == [("late", POWER, 5)] and core.stats.late == {"n0/power": 1}
+
+
+def test_revoked_partitions_are_ignored_until_assigned_again() -> None:
+    core = make()[0]
+    core.revoke([0])
+    assert core.handle({TopicPartition(POWER, 0): [rec(POWER, 0, 0, 300.0)]}) == {}
+    assert core.stats.messages == 0 and not core.owns(0)
+
+
+def test_commit_offsets_hold_back_to_the_oldest_needed_record() -> None:
+    read = {TopicPartition("s.a", 0): 50, TopicPartition("s.a", 1): 70, TopicPartition("c", 0): 9,
+            TopicPartition("e", 0): 4}
+    got = commit_offsets(read, sensor_index={"s.a": 0}, clock_topic="c", open_oldest={0: {0: 20}},
+                         held_oldest={(0, 0): 10, (1, 0): 80}, beacon_pins={})
+    # partition 0: a domain wait at 10 beats the open cell at 20; partition 1: a wait past the
+    # read position cannot move the commit past what was read.
+    assert got == {TopicPartition("s.a", 0): 10, TopicPartition("s.a", 1): 70, TopicPartition("c", 0): 9,
+                   TopicPartition("e", 0): 4}
