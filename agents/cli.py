@@ -238,6 +238,11 @@ def demo(ctx: click.Context, duration: float, nodes: int, gpus: int) -> None:
     run_demo(settings, duration, nodes, gpus, Path(__file__).resolve().parents[1])
 
 
+from agents.cli_alerts import alerts  # noqa: E402  (a group of its own module, hung on cli here)
+
+cli.add_command(alerts)
+
+
 def main() -> None:
     cli(prog_name="flopwatch")
 

@@ -87,6 +87,8 @@ logs="$state/logs"
 
 say() { echo "clickhouse: $*" >&2; }
 die() { say "$*"; exit 1; }
+# shellcheck source=deploy/proc.sh
+source "$(dirname "${BASH_SOURCE[0]}")/proc.sh"
 
 # Debian 18.16 ships a small /usr/sbin/clickhouse-server linked to
 # libclickhouse.so; upstream packages ship one /usr/bin/clickhouse binary with
@@ -209,14 +211,6 @@ EOF
 EOF
 }
 
-pid_alive() {
-  [[ -f "$pidfile" ]] || return 1
-  local pid
-  pid="$(cat "$pidfile" 2>/dev/null)" || return 1
-  [[ "$pid" =~ ^[0-9]+$ ]] || return 1
-  # Must still be *our* server (pid reuse, a system-wide server).
-  kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$config"
-}
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
@@ -269,27 +263,6 @@ do_start() {
   wait_ready "$pid"
 }
 
-do_stop() {
-  if ! pid_alive; then
-    rm -f "$pidfile"
-    say "not running"
-    return 0
-  fi
-  local pid i
-  pid="$(cat "$pidfile")"
-  kill -TERM "$pid" 2>/dev/null || true
-  for ((i = 0; i < 60; i++)); do  # 60 x 0.5 s = 30 s
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.5
-  done
-  if kill -0 "$pid" 2>/dev/null; then
-    say "still running after 30 s, sending SIGKILL"
-    kill -KILL "$pid" 2>/dev/null || true
-    sleep 0.5
-  fi
-  rm -f "$pidfile"
-  say "stopped"
-}
 
 case "${1:-}" in
   install) do_install ;;

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# deploy/services.sh — start/stop the local Kafka and ClickHouse together.
+# deploy/services.sh — start/stop the local Kafka, ClickHouse and Alertmanager together.
 #
-#   eval "$(deploy/services.sh start)"   # start both, export their settings
-#   deploy/services.sh stop              # stop both
-#   deploy/services.sh status            # exit 0 if both run
+#   eval "$(deploy/services.sh start)"   # start them all, export their settings
+#   deploy/services.sh stop              # stop them all
+#   deploy/services.sh status            # exit 0 if all run
 #
 # `start` prints only `export …` lines on stdout (progress goes to stderr), so
 # that its output can be eval'ed by a shell or a test harness. The variables
-# are the ones agents/ settings read. The same environment as kafka.sh and
-# clickhouse.sh applies (ports, state dir, FLOPWATCH_KAFKA_BOOTSTRAP for an
-# existing broker, FLOPWATCH_CLICKHOUSE_TEST_PASSWORD).
+# are the ones agents/ settings read (FLOPWATCH_ALERTMANAGER_URL: the one
+# `flopwatch alerts forward` reads). The same environment as kafka.sh,
+# clickhouse.sh and alertmanager.sh applies (ports, state dir,
+# FLOPWATCH_KAFKA_BOOTSTRAP for an existing broker,
+# FLOPWATCH_CLICKHOUSE_TEST_PASSWORD).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -19,6 +21,8 @@ case "${1:-}" in
     bootstrap="$("$here/kafka.sh" start)"
     "$here/clickhouse.sh" install >&2
     "$here/clickhouse.sh" start >/dev/null
+    "$here/alertmanager.sh" install >&2
+    alertmanager_url="$("$here/alertmanager.sh" start)"
     # printf %q: values survive eval even with spaces or quotes in them.
     printf 'export FLOPWATCH_KAFKA_BOOTSTRAP=%q\n' "$bootstrap"
     printf 'export FLOPWATCH_CLICKHOUSE_BACKEND=native\n'
@@ -26,18 +30,21 @@ case "${1:-}" in
     printf 'export FLOPWATCH_CLICKHOUSE_PORT=%q\n' "${FLOPWATCH_CLICKHOUSE_PORT:-9000}"
     printf 'export FLOPWATCH_CLICKHOUSE_USER=flopwatch\n'
     printf 'export FLOPWATCH_CLICKHOUSE_PASSWORD=%q\n' "${FLOPWATCH_CLICKHOUSE_TEST_PASSWORD:-flopwatch-test}"
+    printf 'export FLOPWATCH_ALERTMANAGER_URL=%q\n' "$alertmanager_url"
     ;;
   stop)
-    # Stop both even if the first one fails to stop cleanly.
+    # Stop each even if another fails to stop cleanly.
     rc=0
     "$here/kafka.sh" stop || rc=$?
     "$here/clickhouse.sh" stop || rc=$?
+    "$here/alertmanager.sh" stop || rc=$?
     exit "$rc"
     ;;
   status)
     rc=0
     "$here/kafka.sh" status || rc=1
     "$here/clickhouse.sh" status || rc=1
+    "$here/alertmanager.sh" status || rc=1
     exit "$rc"
     ;;
   *)
