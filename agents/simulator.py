@@ -18,6 +18,7 @@ from schemas.catalog import BY_NAME
 from schemas.codec import encode_batch, encode_beacon, encode_k8s_event, encode_sample
 from schemas.records import SampleBatch
 from streams.clock import BeaconNoise, DomainClock
+from streams.scenario import Scenario
 from streams.simulate import NVML_SENSORS, ClusterSimulator, SimParams, node_name
 
 log = logging.getLogger(__name__)
@@ -51,17 +52,19 @@ class SimulatorPublisher:
     """Runs ``ClusterSimulator`` and sends every sample to its ``sensors.<name>`` topic, keyed by node.
 
     ``bad_every`` > 0 adds one corrupted copy after every N-th message (the demo's
-    rejects); the good stream is unchanged, so frames stay exact.
+    rejects); the good stream is unchanged, so frames stay exact. A ``scenario`` schedules
+    labelled events into the samples (``sim.truth()`` gives them at absolute times).
     """
 
     def __init__(self, settings: Settings, params: SimParams, batch_size: int = 100, bad_every: int = 0,
-                 clock_domains: bool = False, clock_reset_s: float | None = None, record: bool = False) -> None:
+                 clock_domains: bool = False, clock_reset_s: float | None = None, record: bool = False,
+                 scenario: Scenario | None = None) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self.params = params
         self.batch_size = batch_size
         self.bad_every = bad_every
-        self.sim = ClusterSimulator(params)
+        self.sim = ClusterSimulator(params, scenario)
         self.topics = Topics(settings.topic_prefix)
         self.producer = SampleProducer(settings)
         self.stats = PublishStats()
