@@ -1,0 +1,161 @@
+"""L1 spike engine: capture rate of 200 ms load spikes vs a 60 s average, and its throughput.
+
+    python deploy/bench/spikes.py [--gpus 64] [--minutes 60] [--seed 1] [--background 40,85]
+
+Synthetic gpu_util at 10 Hz per GPU (random phase, +-5 ms jitter). Each 60 s block has a
+background level uniform in ``--background`` (default [40, 85]%) with 2% gaussian noise, and one spike at a random
+instant in [2, 58) s: every sample within 200 ms from it is uniform in [96, 100]%
+(a 200 ms spike holds 2 samples, 1-3 with jitter). The engine is fed the way the
+pipeline feeds it: one call per GPU per second of samples, then ``tick_peak`` of that
+1 s tick.
+
+Captured by:
+- the engine: ``spike_flags(tick_peak, 95)`` on a tick from the one holding the spike's
+  first sample to the one after its last (the only ticks with a window covering it);
+- a 60 s average, strict: the trailing 60 s mean at some tick end within 60 s after
+  the spike is above 95%;
+- a 60 s average, loose: the spike's aligned minute has a mean above its (known)
+  background level by 3 standard errors, i.e. the spike is visible in the average at all.
+Engine false flags: flagged ticks among those no spike can reach.
+
+Throughput: add + tick_peak over the same arrays and call pattern as ``np.sum`` of each
+call's values (the baseline, timed in the same run), and add alone with 10 s per call.
+Prints a table and one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from streams.spikes import SPIKE_THRESHOLDS, SpikeEngine, SpikeParams, spike_flags
+
+S = 1_000_000_000
+MS = 1_000_000
+LIMIT = SPIKE_THRESHOLDS["gpu_util"]
+
+
+Load = tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], list[int], list[float]]  # ts, values, spikes, levels
+
+
+def gpu_load(rng: np.random.Generator, minutes: int, background: tuple[float, float]) -> Load:
+    n = minutes * 600
+    ts = np.arange(n, dtype=np.int64) * 100 * MS + int(rng.integers(0, 100 * MS)) + rng.integers(-5 * MS, 5 * MS, n)
+    ts.sort()
+    backgrounds = rng.uniform(*background, minutes)
+    vs = np.repeat(backgrounds, 600) + rng.normal(0.0, 2.0, n)
+    spikes = []
+    for m in range(minutes):
+        at = int((m * 60 + rng.uniform(2, 58)) * S)
+        hit = (ts >= at) & (ts < at + 200 * MS)
+        vs[hit] = rng.uniform(96, 100, int(hit.sum()))
+        spikes.append(at)
+    return ts, np.clip(vs, 0.0, 100.0), spikes, backgrounds.tolist()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpus", type=int, default=64)
+    ap.add_argument("--minutes", type=int, default=60)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--background", default="40,85", help="range of the per-minute background level, %%")
+    a = ap.parse_args()
+    rng = np.random.default_rng(a.seed)
+    bg = tuple(float(x) for x in a.background.split(","))
+    assert len(bg) == 2, "--background LO,HI"
+    loads = [gpu_load(rng, a.minutes, (bg[0], bg[1])) for _ in range(a.gpus)]
+    seconds = a.minutes * 60
+    # Per GPU, per second: the slice of its samples (the pipeline's call pattern).
+    cuts = [np.searchsorted(ts, np.arange(seconds + 1, dtype=np.int64) * S) for ts, _, _, _ in loads]
+    n_samples = sum(int(c[-1] - c[0]) for c in cuts)
+
+    eng = SpikeEngine(SpikeParams(), S)
+    peaks = np.full((a.gpus, seconds), np.nan)
+    t0 = time.perf_counter()
+    for sec in range(seconds):
+        for g, (ts, vs, _, _) in enumerate(loads):
+            lo, hi = cuts[g][sec], cuts[g][sec + 1]
+            eng.add("n", str(g), "gpu_util", ts[lo:hi], vs[lo:hi])
+            p = eng.tick_peak("n", str(g), "gpu_util", sec * S)
+            peaks[g, sec] = np.nan if p is None else p
+        eng.evict_before(sec * S)
+    engine_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    total = 0.0
+    for sec in range(seconds):
+        for g, (_, vs, _, _) in enumerate(loads):
+            total += float(np.sum(vs[cuts[g][sec]:cuts[g][sec + 1]]))
+    numpy_s = time.perf_counter() - t0
+    bulk = SpikeEngine(SpikeParams(), S)
+    t0 = time.perf_counter()
+    for sec in range(0, seconds, 10):
+        for g, (ts, vs, _, _) in enumerate(loads):
+            lo, hi = cuts[g][sec], cuts[g][min(sec + 10, seconds)]
+            bulk.add("n", str(g), "gpu_util", ts[lo:hi], vs[lo:hi])
+    bulk_s = time.perf_counter() - t0
+
+    flagged = np.vectorize(lambda p: spike_flags(None if np.isnan(p) else float(p), LIMIT))(peaks)
+    engine_hits = strict_hits = loose_hits = n_spikes = one_sample = one_sample_hits = 0
+    reachable = np.zeros_like(flagged)
+    for g, (ts, vs, spikes, backgrounds) in enumerate(loads):
+        csum = np.concatenate(([0.0], np.cumsum(vs)))
+        ends = cuts[g]  # index of the first sample of each second
+        for m, at in enumerate(spikes):
+            n_spikes += 1
+            i, j = int(np.searchsorted(ts, at)), int(np.searchsorted(ts, at + 200 * MS))
+            first, last = int(ts[i] // S), int(ts[j - 1] // S)
+            near = [t for t in range(first, last + 2) if t < seconds]
+            reachable[g, near] = True
+            hit = bool(flagged[g, near].any())
+            engine_hits += hit
+            one_sample += j - i == 1
+            one_sample_hits += hit and j - i == 1
+            trailing = []
+            for end_s in range(first + 1, min(first + 61, seconds) + 1):
+                lo, hi = ends[max(end_s - 60, 0)], ends[end_s]
+                trailing.append((csum[hi] - csum[lo]) / max(hi - lo, 1))
+            strict_hits += bool(max(trailing) > LIMIT)
+            lo, hi = ends[m * 60], ends[min((m + 1) * 60, seconds)]
+            minute = vs[lo:hi]
+            loose_hits += bool(minute.mean() > backgrounds[m] + 3 * 2.0 / np.sqrt(minute.size))
+    quiet = ~reachable
+    res: dict[str, Any] = {
+        "spikes": n_spikes, "samples": n_samples, "background_pct": list(bg),
+        "capture": {"engine": round(engine_hits / n_spikes, 4), "mean60_strict": round(strict_hits / n_spikes, 4),
+                    "mean60_loose": round(loose_hits / n_spikes, 4)},
+        "engine_capture_2plus_samples": round((engine_hits - one_sample_hits) / max(n_spikes - one_sample, 1), 4),
+        "spikes_with_one_sample": one_sample, "one_sample_captured": one_sample_hits,
+        "engine_false_flag_per_tick": round(float(flagged[quiet].mean()), 5),
+        "throughput": {"engine_samples_per_s": round(n_samples / engine_s),
+                       "numpy_sum_samples_per_s": round(n_samples / numpy_s),
+                       "ratio_engine_to_numpy_sum": round(numpy_s / engine_s, 3),
+                       "engine_add_only_10s_calls_samples_per_s": round(n_samples / bulk_s),
+                       "calls": a.gpus * seconds, "samples_per_call": round(n_samples / (a.gpus * seconds), 1)},
+    }
+    c, th = res["capture"], res["throughput"]
+    print(f"{n_spikes} spikes of 200 ms > 95% in {a.gpus} GPUs x {a.minutes} min of 10 Hz gpu_util"
+          f" (background {bg[0]:g}-{bg[1]:g}%)")
+    print(f"{'detector':<38} {'capture':>8}")
+    print(f"{'engine P99, 100 ms buckets, 1 s window':<38} {c['engine']:>8.2%}")
+    print(f"{'60 s mean > 95% (strict)':<38} {c['mean60_strict']:>8.2%}")
+    print(f"{'60 s mean > background + 3 s.e.':<38} {c['mean60_loose']:>8.2%}")
+    print(f"engine on spikes that hold >= 2 samples: {res['engine_capture_2plus_samples']:.2%}; "
+          f"{one_sample} spikes caught only 1 sample (jitter), {one_sample_hits} of them captured")
+    print(f"engine false flags: {res['engine_false_flag_per_tick']:.3%} of spike-free ticks")
+    print(f"engine add+tick_peak: {th['engine_samples_per_s']:,} samples/s ({th['samples_per_call']} per call); "
+          f"np.sum per call: {th['numpy_sum_samples_per_s']:,}/s; ratio {th['ratio_engine_to_numpy_sum']}; "
+          f"add only, 10 s per call: {th['engine_add_only_10s_calls_samples_per_s']:,}/s")
+    print(json.dumps({"bench": "spikes", "date": time.strftime("%Y-%m-%d"), "checksum": round(total, 1), **res}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""Golden and oracle tests of the L1 spike engine (sliding P99 over 100 ms buckets in 1 s)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from streams.spikes import SPIKE_THRESHOLDS, SpikeEngine, SpikeParams, spike_flags
+
+S = 1_000_000_000
+MS = 1_000_000
+GRID = S
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+DEFAULT = SpikeParams()
+
+
+def load(seconds: int, spikes_at_ms: list[int], seed: int = 0, rate_hz: int = 10,
+         background: float = 60.0) -> tuple[I64, F64]:
+    """Samples at ``rate_hz`` with jittered stamps: ``background`` +- 2, and 99% for 200 ms at each spike."""
+    rng = np.random.default_rng(seed)
+    step = S // rate_hz
+    ts = np.arange(seconds * rate_hz, dtype=np.int64) * step + 37 * MS + rng.integers(-5 * MS, 5 * MS, seconds * rate_hz)
+    vs = np.clip(background + rng.normal(0.0, 2.0, ts.size), 0.0, 100.0)
+    for at in spikes_at_ms:
+        vs[(ts >= at * MS) & (ts < (at + 200) * MS)] = 99.0
+    return ts, vs
+
+
+def oracle_peak(ts: I64, vs: F64, tick_ns: int, p: SpikeParams = DEFAULT, grid_ns: int = GRID) -> float | None:
+    """Batch: every window ending inside the tick, numpy's quantile of its raw samples, the highest."""
+    best = None
+    for end in range(-(-tick_ns // p.bucket_ns) * p.bucket_ns, tick_ns + grid_ns, p.bucket_ns):
+        start = end - p.window_ns
+        w = vs[(ts // p.bucket_ns * p.bucket_ns >= start) & (ts // p.bucket_ns * p.bucket_ns < end)]
+        if w.size:
+            q = float(np.quantile(w, p.quantile))
+            best = q if best is None else max(best, q)
+    return best
+
+
+def feed(eng: SpikeEngine, ts: I64, vs: F64, seconds: int, grid_ns: int = GRID, evict: bool = False) -> list[float | None]:
+    """The pipeline's order: one second of samples per call, then the peaks of the ticks it completes."""
+    out: list[float | None] = []
+    for sec in range(seconds):
+        m = (ts >= sec * S) & (ts < (sec + 1) * S)
+        eng.add("n", "0", "gpu_util", ts[m], vs[m])
+        out += [eng.tick_peak("n", "0", "gpu_util", t) for t in range(sec * S, (sec + 1) * S, grid_ns)]
+        if evict:
+            eng.evict_before((sec + 1) * S)
+    return out
+
+
+def test_a_200ms_spike_is_caught_in_its_tick_and_a_60s_mean_misses_it() -> None:
+    ts, vs = load(60, spikes_at_ms=[20_330])
+    limit = SPIKE_THRESHOLDS["gpu_util"]
+    flagged = [t for t, p in enumerate(feed(SpikeEngine(SpikeParams(), GRID), ts, vs, 60)) if spike_flags(p, limit)]
+    # The windows ending in tick 20 (up to 20.9 s) and in tick 21 (from 21.0 s) contain it.
+    assert flagged == [20, 21]
+    assert not spike_flags(float(vs.mean()), limit)  # the 60 s mean: ~60%
+
+
+def test_a_spike_in_the_last_bucket_of_a_tick_shows_in_the_next() -> None:
+    ts, vs = load(30, spikes_at_ms=[10_900])  # samples at 10.94 and 11.04 s
+    # Tick 10's windows end by 10.9 s, so the first to see it is tick 11's; tick 12's first
+    # window, [11.0, 12.0), still holds the second sample.
+    assert [t for t, p in enumerate(feed(SpikeEngine(SpikeParams(), GRID), ts, vs, 30)) if spike_flags(p, 95.0)] == [11, 12]
+
+
+def test_no_samples_no_peak() -> None:
+    eng = SpikeEngine(SpikeParams(), GRID)
+    assert eng.tick_peak("n", "0", "gpu_util", 0) is None
+    eng.add("n", "0", "gpu_util", np.array([5 * S], dtype=np.int64), np.array([50.0]))
+    assert eng.tick_peak("n", "0", "gpu_util", 0) is None and eng.tick_peak("n", "0", "gpu_util", 5 * S) == 50.0
+    assert eng.tick_peak("n", "0", "sm_active", 5 * S) is None
+
+
+@pytest.mark.parametrize(("rate_hz", "per_bucket"), [(10, 64), (1_000, 64), (1_000, 8)])
+def test_the_quantile_matches_numpy_on_the_raw_window(rate_hz: int, per_bucket: int) -> None:
+    p = SpikeParams(max_per_bucket=per_bucket)
+    ts, vs = load(8, spikes_at_ms=[2_450, 5_930], seed=rate_hz, rate_hz=rate_hz)
+    eng = SpikeEngine(p, GRID)
+    for t, got in enumerate(feed(eng, ts, vs, 8)):
+        want = oracle_peak(ts, vs, t * GRID, p)
+        assert got is not None and want is not None
+        if per_bucket == 8:  # 1,000 samples per window need the top ~11 of a bucket: a lower bound only
+            assert got <= want
+        else:
+            assert got == want, t  # bit for bit
+    if rate_hz == 1_000:
+        buckets = eng.snapshot()["series"][0][4]
+        assert max(len(v) for _, v, _ in buckets) == per_bucket and max(n for _, _, n in buckets) > 0
+
+
+def test_out_of_order_adds_give_the_in_order_result() -> None:
+    ts, vs = load(30, spikes_at_ms=[3_100, 7_777, 15_020, 27_950], seed=3, rate_hz=100)
+    in_order = feed(SpikeEngine(SpikeParams(), GRID), ts, vs, 30)
+    assert in_order == [oracle_peak(ts, vs, t * GRID) for t in range(30)]
+    # Each sample arrives up to 2 s late, in batches of 250 ms of arrival time; a tick is
+    # read once everything that could still change it has arrived.
+    rng = random.Random(7)
+    arrive = ts + np.array([rng.randrange(2 * S) for _ in range(ts.size)], dtype=np.int64)
+    order = np.argsort(arrive, kind="stable")
+    eng = SpikeEngine(SpikeParams(), GRID)
+    got: list[float | None] = []
+    for now in range(250 * MS, 33 * S, 250 * MS):
+        batch = order[(arrive[order] >= now - 250 * MS) & (arrive[order] < now)]
+        eng.add("n", "0", "gpu_util", ts[batch], vs[batch])
+        while len(got) < 30 and (len(got) + 1) * S + 2 * S <= now:
+            got.append(eng.tick_peak("n", "0", "gpu_util", len(got) * S))
+    assert got == in_order
+    whole = SpikeEngine(SpikeParams(), GRID)  # one shuffled call within the horizon: the same too
+    perm = np.array(rng.sample(range(800), 800))
+    whole.add("n", "0", "gpu_util", ts[:800][perm], vs[:800][perm])
+    assert [whole.tick_peak("n", "0", "gpu_util", t * S) for t in range(8)] == in_order[:8]
+
+
+def test_memory_is_bounded_per_series_and_in_series() -> None:
+    p = SpikeParams(max_series=8)
+    eng = SpikeEngine(p, GRID)
+    ts, vs = load(600, spikes_at_ms=[], rate_hz=100)
+    for g in range(10):  # one second per call, 10 series, never evicted by time
+        for i in range(0, ts.size, 100):
+            eng.add("n", str(g), "gpu_util", ts[i:i + 100], vs[i:i + 100])
+    assert len(eng) == 8 and eng.evicted_series == 2
+    keep = p.horizon_ns // p.bucket_ns
+    assert eng.buckets_held() <= 8 * (keep + keep // 4 + 1)
+    assert eng.values_held() <= eng.buckets_held() * 10  # 100 Hz: 10 per bucket
+    # With the watermark driving eviction only the open window stays
+    eng2 = SpikeEngine(p, GRID)
+    feed(eng2, ts, vs, 600, evict=True)
+    assert eng2.buckets_held() <= (p.window_ns + GRID) // p.bucket_ns
+
+
+def test_samples_behind_the_horizon_are_counted_not_kept() -> None:
+    eng = SpikeEngine(SpikeParams(), GRID)
+    eng.add("n", "0", "gpu_util", np.array([100 * S], dtype=np.int64), np.array([50.0]))
+    eng.evict_before(100 * S)
+    eng.add("n", "0", "gpu_util", np.array([50 * S, 99 * S + 5], dtype=np.int64), np.array([99.0, 70.0]))
+    assert eng.late_samples == 1 and eng.tick_peak("n", "0", "gpu_util", 99 * S) == 70.0
+    other = SpikeEngine(SpikeParams(), GRID)  # no watermark: the series' own horizon bounds it
+    other.add("n", "0", "gpu_util", np.array([100 * S], dtype=np.int64), np.array([50.0]))
+    other.add("n", "0", "gpu_util", np.array([60 * S, 80 * S], dtype=np.int64), np.array([1.0, 2.0]))
+    assert other.late_samples == 1 and other.values_held() == 2  # 40 s behind: dropped; 20 s: kept
+
+
+def test_nan_samples_are_skipped_and_shapes_are_checked() -> None:
+    eng = SpikeEngine(SpikeParams(), GRID)
+    eng.add("n", "0", "sm_active", np.array([0, 1], dtype=np.int64), np.array([np.nan, 0.5]))
+    assert eng.tick_peak("n", "0", "sm_active", 0) == 0.5 and eng.values_held() == 1
+    assert eng.tick_peak("n", "0", "sm_active", -S) is None
+    with pytest.raises(ValueError, match="same length"):
+        eng.add("n", "0", "sm_active", np.array([0], dtype=np.int64), np.array([0.5, 0.6]))
+
+
+def test_snapshot_round_trips_through_json() -> None:
+    ts, vs = load(12, spikes_at_ms=[4_040], rate_hz=1_000)
+    a = SpikeEngine(SpikeParams(max_per_bucket=16), GRID)
+    a.add("n", "0", "gpu_util", ts[: ts.size // 2], vs[: ts.size // 2])
+    b = SpikeEngine.restore(a.params, GRID, json.loads(json.dumps(a.snapshot())))
+    for e in (a, b):
+        e.add("n", "0", "gpu_util", ts[ts.size // 2:], vs[ts.size // 2:])
+    assert a.snapshot() == b.snapshot()
+    assert [a.tick_peak("n", "0", "gpu_util", t * S) for t in range(12)] == \
+        [b.tick_peak("n", "0", "gpu_util", t * S) for t in range(12)]
+
+
+def test_a_100ms_grid_sees_one_window_per_tick() -> None:
+    ts, vs = load(5, spikes_at_ms=[2_000])
+    got = feed(SpikeEngine(SpikeParams(), S // 10), ts, vs, 5, grid_ns=S // 10)
+    assert got == [oracle_peak(ts, vs, t, grid_ns=S // 10) for t in range(0, 5 * S, S // 10)]
+    # samples at 2.04 and 2.14 s: in the windows ending at 2.1 ... 3.1 s
+    assert [i for i, p in enumerate(got) if spike_flags(p, 95.0)] == list(range(21, 32))
+
+
+def test_parameters_are_validated() -> None:
+    with pytest.raises(ValueError, match="multiple"):
+        SpikeParams(window_ns=150 * MS)
+    with pytest.raises(ValueError, match="quantile"):
+        SpikeParams(quantile=0.1)
+    with pytest.raises(ValueError, match="horizon"):
+        SpikeParams(horizon_ns=S // 2)
+    with pytest.raises(ValueError, match="grid"):
+        SpikeEngine(SpikeParams(), GRID // 100)
