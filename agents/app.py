@@ -18,7 +18,11 @@ from typing import Any
 import faust
 from mode import Service
 
+from agents.deadletter import DeadLetter
+from agents.detect import AlertSink, ClickHouseDetections, DetectRuntime, KafkaAlertSink, install
+from agents.history import KafkaFrameHistory
 from agents.ingest import Ingestor, IngestStats
+from agents.producer import SampleProducer
 from agents.settings import Settings
 from agents.topics import Topics
 
@@ -57,8 +61,10 @@ class IngestService(Service):
             await self._task
 
 
-def create_app(settings: Settings, on_flush: Callable[[IngestStats], None] | None = None) -> faust.App:
-    """A Faust app wired to the configured broker, with every flopwatch topic declared as raw bytes."""
+def create_app(settings: Settings, on_flush: Callable[[IngestStats], None] | None = None,
+               detect: bool = True) -> faust.App:
+    """A Faust app wired to the configured broker, with every flopwatch topic declared as raw bytes:
+    the ingest as a service and (``detect``) the detection agent on ``flopwatch.frames``."""
     brokers = ";".join(f"kafka://{b.strip()}" for b in settings.kafka_bootstrap.split(","))
     app = faust.App(
         f"{settings.group_id}-app",
@@ -80,10 +86,34 @@ def create_app(settings: Settings, on_flush: Callable[[IngestStats], None] | Non
         for name in names.all
     }
     ingestor = Ingestor(settings)
+    app.flopwatch_ingestor = ingestor  # type: ignore[attr-defined]
+    runtime = detect_runtime(settings, app, ingestor) if detect else None
+    app.flopwatch_detect = runtime  # type: ignore[attr-defined]
+
+    def flushed(st: IngestStats) -> None:
+        if runtime is not None:  # one progress line for the whole worker
+            d = runtime.stats
+            st.detect = {"frames": d.frames, "alerts": d.alerts, "firing": d.firing, "rebuilds": d.rebuilds,
+                         "replayed": d.replayed, "rejects": d.rejects, "errors": d.errors}
+        if on_flush is not None:
+            on_flush(st)
 
     class _BoundIngest(IngestService):  # Faust instantiates service classes itself
         def __init__(self, **kwargs: Any) -> None:
-            super().__init__(ingestor, on_flush, **kwargs)
+            super().__init__(ingestor, flushed, **kwargs)
 
     app.service(_BoundIngest)
+    if runtime is not None:
+        install(app, runtime, app.flopwatch_topics[names.frames])  # type: ignore[attr-defined]
     return app
+
+
+def detect_runtime(settings: Settings, app: faust.App, ingestor: Ingestor) -> DetectRuntime:
+    """The detection agent's state and outputs: alerts to Kafka and to ClickHouse, rejects to the DLQ."""
+    names = Topics(settings.topic_prefix)
+    alerts_topic = app.flopwatch_topics[names.alerts]  # type: ignore[attr-defined]
+    sinks: list[AlertSink] = [KafkaAlertSink(alerts_topic), ClickHouseDetections(ingestor.on_clickhouse)]
+    return DetectRuntime(settings.detect_params(), settings.align_params().grid_ns,
+                         KafkaFrameHistory(settings, names.frames), sinks,
+                         DeadLetter(SampleProducer(settings), names.dlq), names.frames,
+                         replay_s=settings.detect_replay_s)

@@ -50,11 +50,15 @@ def cli(ctx: click.Context, config_file: str | None, verbose: bool) -> None:
               help="What to print after each ClickHouse flush (stderr).")
 @click.option("--exit-when-idle", type=float, default=None, metavar="SECONDS",
               help="Exit once all input is consumed and written and nothing new came for SECONDS.")
-@click.option("--runtime", type=click.Choice(["plain", "faust"]), default="plain", show_default=True,
-              help="plain: asyncio process; faust: the ingest as a service of the Faust app's worker.")
+@click.option("--runtime", type=click.Choice(["plain", "faust"]), default=None,
+              help="faust (default): one Faust worker runs the ingest (a service) and the detection agent; "
+                   "plain: the ingest alone in an asyncio process (it still publishes flopwatch.frames; "
+                   "the default with --exit-when-idle).")
 @click.pass_context
-def worker(ctx: click.Context, progress: str, exit_when_idle: float | None, runtime: str) -> None:
-    """Consume the sensor topics, align them and write frames to ClickHouse until stopped."""
+def worker(ctx: click.Context, progress: str, exit_when_idle: float | None, runtime: str | None) -> None:
+    """Consume the sensor topics, align them, write frames to ClickHouse and flopwatch.frames, and run the
+    detectors on them (alerts to flopwatch.alerts and ClickHouse detections) until stopped."""
+    runtime = runtime or ("plain" if exit_when_idle is not None else "faust")
     from aiokafka.errors import KafkaError
 
     from agents.admin import ensure_topics
@@ -142,7 +146,8 @@ async def _stop_when_idle(ingestor: Any, stop: asyncio.Event, idle_s: float) -> 
 @cli.command()
 @click.option("--nodes", default=2, show_default=True, help="Simulated nodes.")
 @click.option("--gpus", default=2, show_default=True, help="GPUs per node.")
-@click.option("--duration", default=60.0, show_default=True, help="Seconds of event time to publish.")
+@click.option("--duration", type=float, default=None,
+              help="Seconds of event time to publish  [default: the scenario's duration_s, else 60]")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--batch-size", default=100, show_default=True, help="Samples per message (1 = single-sample form).")
 @click.option("--mode", type=click.Choice(["live", "backlog"]), default="live", show_default=True,
@@ -152,28 +157,49 @@ async def _stop_when_idle(ingestor: Any, stop: asyncio.Event, idle_s: float) -> 
               help="Stamp each node's GPU streams with a skewed, drifting GPU clock and publish clock.sync beacons.")
 @click.option("--clock-reset", type=float, default=None, metavar="SECONDS",
               help="With --clock-domains: every node's GPU clock reboots this many seconds into the run.")
+@click.option("--scenario", "scenario_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="TOML file of labelled events (efficiency drops, spikes, workload changes) to play into the "
+                   "run; see deploy/scenarios/.")
 @click.pass_context
-def simulate(ctx: click.Context, nodes: int, gpus: int, duration: float, seed: int, batch_size: int, mode: str,
-             bad_every: int, clock_domains: bool, clock_reset: float | None) -> None:
+def simulate(ctx: click.Context, nodes: int, gpus: int, duration: float | None, seed: int, batch_size: int, mode: str,
+             bad_every: int, clock_domains: bool, clock_reset: float | None, scenario_file: str | None) -> None:
     """Publish a simulated GPU cluster (all 23 streams and K8s events) to Kafka."""
     from agents.admin import ensure_topics
     from agents.simulator import SimulatorPublisher
+    from streams.scenario import Scenario, ScenarioError, load_scenario
     from streams.simulate import SimParams
 
     settings = _settings(ctx)
+    scenario: Scenario | None = None
+    if scenario_file is not None:
+        try:
+            scenario = load_scenario(scenario_file)
+            scenario.check_cluster(nodes, gpus)  # before any topic is made
+        except ScenarioError as exc:
+            raise click.BadParameter(str(exc), param_hint="--scenario") from None
+    if duration is None:
+        duration = scenario.duration_s if scenario is not None and scenario.duration_s is not None else 60.0
+    if clock_reset is not None and not clock_domains:
+        raise click.UsageError("--clock-reset needs --clock-domains")
+    if scenario is not None:
+        late = [e.index for e in scenario.events if e.start_s >= duration]
+        if late:
+            log.warning("scenario events %s start after the run's %g s and will not happen", late, duration)
     ensure_topics(settings)
     now = time.time_ns()
     start = now if mode == "live" else now - int(duration * 1e9)
     params = SimParams(nodes=nodes, gpus=gpus, seed=seed, start_ns=start)
-    if clock_reset is not None and not clock_domains:
-        raise click.UsageError("--clock-reset needs --clock-domains")
     pub = SimulatorPublisher(settings, params, batch_size=batch_size, bad_every=bad_every,
-                             clock_domains=clock_domains, clock_reset_s=clock_reset)
+                             clock_domains=clock_domains, clock_reset_s=clock_reset, scenario=scenario)
     t0 = time.monotonic()
     st = pub.live(duration) if mode == "live" else pub.backlog(duration)
     secs = time.monotonic() - t0
-    click.echo(orjson.dumps({"start_ns": start, "messages": st.messages, "samples": st.samples, "events": st.events,
-                             "bad": st.bad, "seconds": round(secs, 3)}).decode())
+    report: dict[str, Any] = {"start_ns": start, "messages": st.messages, "samples": st.samples, "events": st.events,
+                              "bad": st.bad, "seconds": round(secs, 3)}
+    if scenario is not None:
+        report["scenario"] = scenario.source
+        report["scenario_events"] = len(scenario.events)
+    click.echo(orjson.dumps(report).decode())
 
 
 @cli.command()

@@ -38,6 +38,10 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+# Epoch-millisecond columns besides ``ts`` (whose unit depends on the table).
+_MS_COLUMNS = ("written_at", "onset_ts")
+
+
 def _plain(col: Any) -> list[Any]:
     """Python values for clickhouse-driver: NaN (no sample) becomes None."""
     if isinstance(col, np.ndarray):
@@ -99,8 +103,9 @@ class ChdbBackend:
             else:
                 conv = _ns_text if table == "k8s_events" else _ms_text
                 cols["ts"] = [conv(v) for v in cols["ts"]]
-        if "written_at" in cols:
-            cols["written_at"] = [_ms_text(v) for v in cols["written_at"]]
+        for name in _MS_COLUMNS:
+            if name in cols:
+                cols[name] = [_ms_text(v) for v in cols[name]]
         names = ", ".join(cols)
         settings = f" SETTINGS insert_deduplication_token = '{token}'" if token else ""
         # NaN in a float array becomes null, which is what a Nullable column wants.
@@ -170,8 +175,9 @@ class NativeBackend:
             if "ts" in cols:
                 div = 1e9 if table == "k8s_events" else 1e3
                 cols["ts"] = [datetime.fromtimestamp(v / div, UTC) for v in cols["ts"]]
-            if "written_at" in cols:
-                cols["written_at"] = [datetime.fromtimestamp(v / 1e3, UTC) for v in cols["written_at"]]
+            for name in _MS_COLUMNS:
+                if name in cols:
+                    cols[name] = [datetime.fromtimestamp(v / 1e3, UTC) for v in cols[name]]
         sql = f"INSERT INTO {self.database}.{ddl.check_identifier(table)} ({', '.join(cols)}) VALUES"
         data: Sequence[list[Any]] = list(cols.values())
         settings = {"insert_deduplication_token": token} if token and self.layout == "current" else None
@@ -195,4 +201,11 @@ def database_exists(backend: Backend) -> bool:
 
 def ensure_schema(backend: Backend) -> None:
     for stmt in ddl.all_tables(backend.database, backend.layout):
+        backend.execute(stmt)
+    # A table made by an older flopwatch lacks the newer columns: add them (CREATE ... IF NOT
+    # EXISTS leaves an existing table as it is).
+    # The name passed check_identifier, so it is safe as a literal (the two clients differ in parameter syntax).
+    _, rows = backend.rows(f"SELECT name FROM system.columns WHERE database = '{backend.database}' "
+                           "AND table = 'gpu_frames'")
+    for stmt in ddl.gpu_frames_migrations(backend.database, {str(r[0]) for r in rows}, backend.layout):
         backend.execute(stmt)

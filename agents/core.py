@@ -20,6 +20,7 @@ from aiokafka import ConsumerRecord, TopicPartition
 
 from agents.clocks import ClockDomains
 from agents.commits import commit_offsets
+from agents.enrich import Enricher, TappedAligner
 from agents.settings import Settings
 from agents.store import FrameStore, Progress
 from agents.timebase import SYSTEM_CLOCK, Clock
@@ -27,6 +28,7 @@ from agents.topics import Topics
 from schemas.catalog import CATALOG
 from schemas.codec import TimeLimits, decode_beacon, decode_k8s_event, decode_samples
 from schemas.records import UTC_CLOCK, Reject, RejectReason
+from streams.aggregate import FrameBatch
 from streams.align import GridAligner, LateSamples, Recovered
 from streams.clock import ClockParams
 
@@ -52,6 +54,7 @@ class IngestStats:
     messages: int = 0
     samples: int = 0
     frames_written: int = 0
+    frames_published: int = 0  # messages (one per node and tick) acknowledged on flopwatch.frames
     events_written: int = 0
     beacons: int = 0
     replayed_dropped: int = 0
@@ -65,22 +68,26 @@ class IngestStats:
     held: int = 0  # clock-domain sample messages waiting for a beacon
     late: Counter[str] = field(default_factory=Counter)  # late samples by "node/sensor"
     first_record_ns: int = 0  # monotonic; for throughput figures
+    detect: dict[str, Any] = field(default_factory=dict)  # the detection agent's figures, when one runs beside
 
     def as_dict(self) -> dict[str, Any]:
         return {"messages": self.messages, "samples": self.samples, "frames_written": self.frames_written,
+                "frames_published": self.frames_published,
                 "events_written": self.events_written, "beacons": self.beacons,
                 "replayed_dropped": self.replayed_dropped, "commits_refused": self.commits_refused,
                 "commits_failed": self.commits_failed, "internal_errors": self.internal_errors,
                 "rejects": dict(self.rejects), "lag": self.lag,
                 "flushes": self.flushes, "open_cells": self.open_cells, "held": self.held,
-                "late": dict(self.late)}
+                "late": dict(self.late), **({"detect": dict(self.detect)} if self.detect else {})}
 
 
 class IngestCore:
     """One worker's processing state over the partitions it owns."""
 
-    def __init__(self, settings: Settings, store: FrameStore, dlq: RejectSink, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, settings: Settings, store: FrameStore, dlq: RejectSink, clock: Clock = SYSTEM_CLOCK,
+                 enricher: Enricher | None = None) -> None:
         self.settings = settings
+        self.enricher = enricher
         self.topics = Topics(settings.topic_prefix)
         self.stats = IngestStats()
         self.store = store
@@ -107,7 +114,8 @@ class IngestCore:
         self._progress = progress
         params = self.settings.align_params()
         for p in sorted({tp.partition for tp in assigned} - set(self._aligners)):
-            aligner = self._aligners[p] = GridAligner(params, progress.recovered)
+            aligner = self._aligners[p] = (GridAligner(params, progress.recovered) if self.enricher is None
+                                           else TappedAligner(params, progress.recovered, self.enricher))
             # Every sensor topic of the partition holds it until it delivers or counts as idle.
             aligner.expect(sorted(self._route[tp.topic][1] for tp in assigned
                                   if tp.partition == p and tp.topic in self.sensor_topics))
@@ -202,7 +210,7 @@ class IngestCore:
             by_part.setdefault(tp.partition, {})[self._route[tp.topic][1]] = q
         for p, aligner in self._aligners.items():
             adv = aligner.advance(now, hold.get(p), by_part.get(p, {}))
-            self.store.add_frames(adv.frames)
+            self._add_frames(adv.frames)
             for late in adv.late:
                 self._late(p, late)
             self._waiting.pop(p, None)
@@ -213,9 +221,22 @@ class IngestCore:
         self.dead_letter_expired()
         for p, aligner in self._aligners.items():
             adv = aligner.flush_all()
-            self.store.add_frames(adv.frames)
+            self._add_frames(adv.frames)
             for late in adv.late:
                 self._late(p, late)
+
+    def _add_frames(self, batch: FrameBatch) -> None:
+        if self.enricher is not None and len(batch):
+            try:
+                self.enricher.enrich(batch)
+            except Exception as exc:
+                # The frames are stored all the same, with NULL derived columns: a bug in
+                # the derivation must not lose measurements.
+                self.stats.internal_errors += 1
+                if "enrich" not in self._errors_logged:
+                    self._errors_logged.add("enrich")
+                    log.error("deriving frame columns failed; frames are stored without them", exc_info=exc)
+        self.store.add_frames(batch)
 
     def _place_held(self) -> dict[int, int]:
         hold = self._clocks.place_held(self._aligners, self._waiting)

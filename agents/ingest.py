@@ -26,6 +26,7 @@ import asyncio
 import concurrent.futures
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
@@ -36,7 +37,10 @@ from aiokafka.errors import CommitFailedError
 from agents.clickhouse import Backend, ensure_schema, open_backend
 from agents.core import IngestCore, IngestStats
 from agents.deadletter import DeadLetter
+from agents.enrich import Enricher
+from agents.frames_out import FramePublisher
 from agents.positions import Positions
+from agents.pricebook import PriceBookFile
 from agents.producer import SampleProducer
 from agents.settings import Settings
 from agents.store import FrameStore, Pending
@@ -81,6 +85,9 @@ class Ingestor:
         self._core: IngestCore | None = None
         self._store: FrameStore | None = None
         self._dlq: DeadLetter | None = None
+        self._frames: FramePublisher | None = None
+        self._backend: Backend | None = None
+        self._ch_ready = asyncio.Event()
         self._consumer: AIOKafkaConsumer | None = None
         self._last_flush = 0
         self._inflight: asyncio.Future[None] | None = None
@@ -89,6 +96,12 @@ class Ingestor:
 
     async def _on_ch(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._ch, fn, *args)
+
+    async def on_clickhouse(self, fn: Callable[[Backend], Any]) -> Any:
+        """Run ``fn(backend)`` on the worker's ClickHouse thread (chDB is bound to one thread), once
+        the worker has opened it; for the agents of the same process."""
+        await self._ch_ready.wait()
+        return await self._on_ch(fn, self._backend)
 
     # -- partitions ----------------------------------------------------------------------
     async def on_assigned(self, assigned: list[TopicPartition]) -> None:
@@ -117,11 +130,16 @@ class Ingestor:
         """
         s = self.settings
         self._on_flush = on_flush
-        backend = await self._on_ch(self._backend_factory, s)
+        backend = self._backend = await self._on_ch(self._backend_factory, s)
         await self._on_ch(ensure_schema, backend)
+        self._ch_ready.set()
         store = self._store = FrameStore(backend)
         self._dlq = DeadLetter(SampleProducer(s), self.topics.dlq)
-        core = self._core = IngestCore(s, store, self._dlq, self._clock)
+        prices = PriceBookFile(Path(s.price_book) if s.price_book else None, self._clock)
+        prices.current()  # a missing or invalid price book stops the worker here, with its path and line
+        enricher = Enricher(prices, s.align_params().grid_ns)
+        self._frames = FramePublisher(SampleProducer(s), self.topics.frames, s.align_params().grid_ns)
+        core = self._core = IngestCore(s, store, self._dlq, self._clock, enricher)
         self.stats = core.stats
         consumer = AIOKafkaConsumer(
             **aiokafka_config(s), group_id=s.group_id, enable_auto_commit=False, auto_offset_reset="earliest",
@@ -173,8 +191,10 @@ class Ingestor:
             try:
                 if self._dlq is not None:
                     self._dlq.close()
-            except Exception as exc:  # a reject not acknowledged now is re-sent by the replay
-                log.warning("dead-letter producer did not flush on close: %s", exc)
+                if self._frames is not None:
+                    self._frames.close()
+            except Exception as exc:  # a reject or frame not acknowledged now is re-sent by the replay
+                log.warning("producer did not flush on close: %s", exc)
         return self.stats
 
     def _handle(self, batch: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
@@ -214,6 +234,10 @@ class Ingestor:
         store, dlq, consumer = self._store, self._dlq, self._consumer
         assert store is not None and dlq is not None and consumer is not None
         await self._on_ch(dlq.flush)  # rejects before the offsets that produced them are committed
+        # Frames on Kafka before ClickHouse (agents.frames_out says why), both before the commit.
+        assert self._frames is not None
+        await self._on_ch(self._frames.publish_and_flush, pending.batches)
+        self.stats.frames_published = self._frames.published
         await self._on_ch(store.write, pending, consumed, self._clock.wall_ns() // 1_000_000, closed)
         if commit:
             try:

@@ -51,10 +51,12 @@ class SampleProducer:
             self._first_error = err
 
     def send(self, topic: str, value: bytes, key: str | bytes | None = None,
-             headers: list[tuple[str, str | bytes | None]] | None = None) -> None:
+             headers: list[tuple[str, str | bytes | None]] | None = None, timestamp_ms: int = 0) -> None:
+        """``timestamp_ms`` 0: the broker's create time (now); otherwise the message's event time."""
         while True:
             try:
-                self._producer.produce(topic, value, key, headers=headers, on_delivery=self._on_delivery)
+                self._producer.produce(topic, value, key, headers=headers, on_delivery=self._on_delivery,
+                                       timestamp=timestamp_ms)
                 return
             except BufferError:
                 # Local queue full: wait for deliveries instead of dropping (back-pressure).

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from streams.align import AlignParams
+from streams.detect import DetectParams
+from streams.drift import DriftParams
 
 ENV_PREFIX = "FLOPWATCH_"
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
@@ -124,12 +126,37 @@ class Settings:
     """Insert as soon as this many rows wait; FLOPWATCH_FLUSH_ROWS."""
     max_poll_records: int = 20000
     """Most Kafka records taken per poll; FLOPWATCH_MAX_POLL_RECORDS."""
+    price_book: str = ""
+    """Path of the price book TOML (re-read when edited); empty: the shipped example prices; FLOPWATCH_PRICE_BOOK."""
+    drift_drop: float = 0.12
+    """Efficiency drift: how far below its baseline FLOPS/Watt must fall (fraction); FLOPWATCH_DRIFT_DROP."""
+    drift_hold_s: float = 3.0
+    """Efficiency drift: how long the drop must hold, event time; FLOPWATCH_DRIFT_HOLD_S."""
+    drift_baseline_s: float = 60.0
+    """Efficiency drift: the baseline is the median over this much recent history; FLOPWATCH_DRIFT_BASELINE_S."""
+    drift_detector: Literal["page_hinkley", "adwin"] = "page_hinkley"
+    """River detector giving the change's onset and the re-learn signal; FLOPWATCH_DRIFT_DETECTOR."""
+    spike_util_pct: float = 95.0
+    """L1 spike rule: sliding-window P99 of gpu_util above this (%); FLOPWATCH_SPIKE_UTIL_PCT."""
+    spike_sm_active: float = 0.95
+    """L1 spike rule: sliding-window P99 of sm_active above this (ratio); FLOPWATCH_SPIKE_SM_ACTIVE."""
+    detect_replay_s: float = 180.0
+    """Frames replayed (event time) to rebuild detector state after a restart or rebalance;
+    FLOPWATCH_DETECT_REPLAY_S."""
 
     def align_params(self) -> AlignParams:
         return AlignParams(
             grid_ns=self.grid_ms * 1_000_000,
             allowed_lateness_ns=self.lateness_ms * 1_000_000,
             idle_ns=int(self.source_idle_s * 1e9),
+        )
+
+    def detect_params(self) -> DetectParams:
+        baseline_ns = int(self.drift_baseline_s * 1e9)
+        return DetectParams(
+            drift=DriftParams(drop=self.drift_drop, hold_ns=int(self.drift_hold_s * 1e9), baseline_ns=baseline_ns,
+                              min_baseline_ns=min(baseline_ns, 20_000_000_000), detector=self.drift_detector),
+            spike_thresholds={"gpu_util": self.spike_util_pct, "sm_active": self.spike_sm_active},
         )
 
     def replace(self, **changes: Any) -> Settings:

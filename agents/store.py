@@ -10,6 +10,7 @@ import numpy as np
 from agents.clickhouse import Backend, Columns
 from schemas import ddl
 from schemas.catalog import CATALOG, LABEL_COLUMNS
+from schemas.frames import DERIVED_COLUMNS, NOTE_COLUMN
 from schemas.records import K8sEvent
 from streams.align import FrameBatch, Recovered
 
@@ -146,4 +147,9 @@ def _frame_columns(batches: list[FrameBatch]) -> Columns:
     for c in ddl.COUNT_COLS:
         cols[c] = np.concatenate([b.counts[c] for b in batches])
     cols["clock_uncertainty_us"] = np.concatenate([b.clock_uncertainty_ns for b in batches]) / 1000.0
+    for name in DERIVED_COLUMNS:
+        derived = np.concatenate([b.derived.get(name, np.full(len(b), np.nan)) for b in batches])
+        # idle is Nullable(UInt8): 0/1, None where it could not be told.
+        cols[name] = [None if v != v else int(v) for v in derived.tolist()] if name == "idle" else derived
+    cols[NOTE_COLUMN] = [note for b in batches for note in (b.notes or [""] * len(b))]
     return cols

@@ -13,6 +13,7 @@ K8S_EVENTS = "k8s.events"
 CLOCK_SYNC = "clock.sync"
 TRIGGERS = "flopwatch.triggers"
 ALERTS = "flopwatch.alerts"
+FRAMES = "flopwatch.frames"
 DLQ = "flopwatch.dlq"
 
 
@@ -42,12 +43,20 @@ class Topics:
         return self.prefix + DLQ
 
     @property
+    def frames(self) -> str:
+        return self.prefix + FRAMES
+
+    @property
+    def alerts(self) -> str:
+        return self.prefix + ALERTS
+
+    @property
     def inputs(self) -> list[str]:
         return [*self.sensors, self.k8s_events, self.clock_sync]
 
     @property
     def outputs(self) -> list[str]:
-        return [self.prefix + TRIGGERS, self.prefix + ALERTS, self.dlq]
+        return [self.frames, self.prefix + TRIGGERS, self.alerts, self.dlq]
 
     @property
     def all(self) -> list[str]:

@@ -98,6 +98,9 @@ LABEL_COLUMNS: Final[dict[str, str]] = {
     "pid": "pid",
     "gpu_model": "gpu_model",
     "region": "region",
+    # Which peak TFLOP/s a frame's activity is measured against (schemas.gpus.PRECISIONS);
+    # frames without it count as bf16.
+    "precision": "precision",
 }
 INT_LABELS: Final = frozenset({"rank", "pid"})
 

@@ -32,6 +32,8 @@ VALUE_COLS: Final = frames.VALUE_COLUMNS
 COUNT_COLS: Final = frames.COUNT_COLUMNS
 FRAME_COLUMNS: Final = frames.INSERT_COLUMNS
 DERIVED_COLS: Final = frames.DERIVED_COLUMNS
+DETECTION_COLUMNS: Final = ("ts", "onset_ts", "id", "state", "rule", "severity", "node", "gpu", "workload",
+                             "namespace", "value", "threshold", "baseline", "evidence")
 EVENT_COLUMNS: Final = ("ts", "node", "type", "reason", "kind", "namespace", "pod", "workload", "gpus", "message",
                         "kafka_topic", "kafka_partition", "kafka_offset")
 PROGRESS_COLUMNS: Final = ("topic", "partition", "offset", "written_at")
@@ -55,7 +57,7 @@ def gpu_frames(db: str, layout: Layout = "current", ttl_days: int = 400) -> str:
     cols += [f"{c} UInt32" + (" CODEC(T64, ZSTD(1))" if cur else "") for c in COUNT_COLS]
     # How far a frame's sample times may be off after clock correction (0: all in UTC).
     cols += ["clock_uncertainty_us Float64"]
-    cols += [f"{c} Nullable(Float64)" for c in DERIVED_COLS]
+    cols += derived_columns(layout)
     body = ",\n  ".join(cols)
     if cur:
         tail = (f"ENGINE = ReplacingMergeTree\nPARTITION BY toYYYYMMDD(ts)\nORDER BY (node, gpu, ts)\n"
@@ -65,6 +67,43 @@ def gpu_frames(db: str, layout: Layout = "current", ttl_days: int = 400) -> str:
     else:
         tail = "ENGINE = ReplacingMergeTree\nPARTITION BY intDiv(ts, 86400000)\nORDER BY (node, gpu, ts)"
     return f"CREATE TABLE IF NOT EXISTS {db}.gpu_frames (\n  {body}\n)\n{tail}"
+
+
+def derived_columns(layout: Layout = "current") -> list[str]:
+    """The derived columns' definitions, also what ``gpu_frames_migrations`` adds to an older table.
+
+    >>> derived_columns("legacy")[-2:]
+    ['sm_active_p99 Nullable(Float64)', 'derive_note String']
+    """
+    cols = [f"{c} {'Nullable(UInt8)' if c == 'idle' else 'Nullable(Float64)'}" for c in DERIVED_COLS]
+    return [*cols, f"{frames.NOTE_COLUMN} {'LowCardinality(String)' if layout == 'current' else 'String'}"]
+
+
+def gpu_frames_migrations(db: str, existing: set[str], layout: Layout = "current") -> list[str]:
+    """ALTERs that bring a ``gpu_frames`` made by an older flopwatch up to date (new columns only;
+    rows written before read NULL, or "" for the note).
+
+    >>> for stmt in gpu_frames_migrations("fw", set(FRAME_COLUMNS) - {"precision", "idle"}, "legacy"):
+    ...     print(stmt)
+    ALTER TABLE fw.gpu_frames ADD COLUMN precision String
+    ALTER TABLE fw.gpu_frames ADD COLUMN idle Nullable(UInt8)
+    """
+    check_identifier(db)
+    wanted = [f"{c} {_label_type(c, layout)}" for c in LABEL_COLS] + derived_columns(layout)
+    return [f"ALTER TABLE {db}.gpu_frames ADD COLUMN {d}" for d in wanted if d.split(" ", 1)[0] not in existing]
+
+
+def detections(db: str, layout: Layout = "current") -> str:
+    """Every alert message (firing and resolved) the detectors emitted; a replay rewrites the same
+    (id, state) row, which the engine collapses."""
+    check_identifier(db)
+    cur = layout == "current"
+    lc = "LowCardinality(String)" if cur else "String"
+    ts = "DateTime64(3, 'UTC')" if cur else "UInt64"
+    return (f"CREATE TABLE IF NOT EXISTS {db}.detections (\n  ts {ts}, onset_ts {ts}, id String, state {lc},"
+            f" rule {lc}, severity {lc}, node {lc}, gpu {lc}, workload {lc}, namespace {lc},"
+            " value Float64, threshold Float64, baseline Nullable(Float64), evidence String\n)\n"
+            "ENGINE = ReplacingMergeTree\nORDER BY (id, state)")
 
 
 def k8s_events(db: str, layout: Layout = "current") -> str:
@@ -97,4 +136,4 @@ def node_progress(db: str, layout: Layout = "current") -> str:
 
 def all_tables(db: str, layout: Layout = "current") -> list[str]:
     return [f"CREATE DATABASE IF NOT EXISTS {check_identifier(db)}", gpu_frames(db, layout), k8s_events(db, layout),
-            ingest_progress(db, layout), node_progress(db, layout)]
+            ingest_progress(db, layout), node_progress(db, layout), detections(db, layout)]

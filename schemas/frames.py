@@ -3,8 +3,8 @@ and the tests. Generated from the catalog; code reads a column by name, never by
 
 >>> VALUE_COLUMNS[:3], COUNT_COLUMNS[:2]
 (('gpu_util', 'gpu_util_max', 'sm_active'), ('n_gpu_util', 'n_sm_active'))
->>> INSERT_COLUMNS[:3], INSERT_COLUMNS[-1]
-(('ts', 'node', 'gpu'), 'clock_uncertainty_us')
+>>> INSERT_COLUMNS[:3], INSERT_COLUMNS[-2:]
+(('ts', 'node', 'gpu'), ('sm_active_p99', 'derive_note'))
 >>> value_index("power") == VALUE_COLUMNS.index("power")
 True
 """
@@ -18,9 +18,16 @@ from schemas.catalog import CATALOG, LABEL_COLUMNS, value_columns
 VALUE_COLUMNS: Final = tuple(col for _, _, col in value_columns())  # one per sensor aggregate
 COUNT_COLUMNS: Final = tuple(s.count_column for s in CATALOG)  # samples per sensor and cell
 LABEL_COLS: Final = tuple(LABEL_COLUMNS.values())
-DERIVED_COLUMNS: Final = ("tflops", "flops_per_watt", "cost_per_tflops")
+# Filled by streams.derive after aggregation; NULL where an input is missing, and then
+# ``derive_note`` says which (NOTE_CODES).
+DERIVED_COLUMNS: Final = ("tflops", "flops_per_watt", "cost_per_tflops", "energy_j", "cost_usd", "idle",
+                          "gpu_util_p99", "sm_active_p99")
+NOTE_COLUMN: Final = "derive_note"
+NOTE_CODES: Final = ("host", "unknown_model", "unknown_precision", "no_price", "no_activity", "no_power",
+                     "zero_throughput")
 # Insert order of gpu_frames; ``ts`` is epoch milliseconds on the wire for both layouts.
-INSERT_COLUMNS: Final = ("ts", "node", "gpu", *LABEL_COLS, *VALUE_COLUMNS, *COUNT_COLUMNS, "clock_uncertainty_us")
+INSERT_COLUMNS: Final = ("ts", "node", "gpu", *LABEL_COLS, *VALUE_COLUMNS, *COUNT_COLUMNS, "clock_uncertainty_us",
+                         *DERIVED_COLUMNS, NOTE_COLUMN)
 _VALUE_INDEX: Final = {c: i for i, c in enumerate(VALUE_COLUMNS)}
 _COUNT_INDEX: Final = {c: i for i, c in enumerate(COUNT_COLUMNS)}
 

@@ -7,7 +7,7 @@ sensor's aggregate plus the per-sensor sample count. Pure: arrays in, columns ou
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import numpy as np
@@ -53,6 +53,10 @@ class FrameBatch:
     values: dict[str, F64]
     counts: dict[str, I64]
     clock_uncertainty_ns: I64  # per frame, the largest uncertainty of a clock correction it used
+    # Filled after aggregation (streams.derive): efficiency, cost and spike columns, and per
+    # frame why any of them is NULL ("" when none is).
+    derived: dict[str, F64] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.node)
@@ -63,7 +67,9 @@ class FrameBatch:
             return self.values[name]
         if name in self.counts:
             return self.counts[name]
-        raise KeyError(f"{name!r} is not a value or count column of gpu_frames")
+        if name in self.derived:
+            return self.derived[name]
+        raise KeyError(f"{name!r} is not a value, count or derived column of this batch")
 
     def frames(self) -> list[Frame]:
         vals = [self.values[c].tolist() for c in VALUE_COLUMNS]

@@ -127,8 +127,11 @@ class NvmlGen(_Periodic):
                     tensor, smv = 0.01 * rnd(), 0.03 + 0.05 * rnd()
                     prxv, ptxv, nvl = (8.0 + 12.0 * rnd()) * _GB, 0.3 * _GB * rnd(), (1.0 + 4.0 * rnd()) * _GB
                 elif training:
-                    phases.seek(t)
-                    kind, lvl = phases.kind, phases.level
+                    if p.steady:
+                        kind, lvl = COMPUTE, 0.6  # gpu_util ~75%: clear of the 95% spike rule
+                    else:
+                        phases.seek(t)
+                        kind, lvl = phases.kind, phases.level
                     if kind == COMPUTE:
                         tensor = lvl + 0.04 * gauss()
                         smv = tensor + 0.06 + 0.06 * rnd()
@@ -146,7 +149,7 @@ class NvmlGen(_Periodic):
                         ptxv, prxv, nvl = lvl * (15.0 + 30.0 * rnd()) * _GB, 0.2 * _GB * rnd(), _GB * rnd()
                 else:
                     bursts.seek(t)
-                    load = request_rate(node, gpu, t, p, bursts.level) / gpu.capacity_rps
+                    load = 0.65 if p.steady else request_rate(node, gpu, t, p, bursts.level) / gpu.capacity_rps
                     load = min(load, 1.0)
                     tensor = 0.85 * load + 0.03 * gauss()
                     smv = tensor + 0.08 + 0.07 * load * rnd()

@@ -48,6 +48,10 @@ class SimParams:
     leak_node: int = 0
     leak_gpu: int = 0
     fault_scale: float = 1.0  # multiplies the (rare) rates of ECC errors, ECC resets and XID errors
+    # True: GPUs work at one steady level (training without comm/stall/checkpoint phases,
+    # inference at a constant load), so efficiency changes come only from a scenario's events:
+    # what the detection tests, benchmarks and demo measure against.
+    steady: bool = False
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus < 1:

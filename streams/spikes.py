@@ -68,9 +68,11 @@ class SpikeParams:
     window_ns: int = 1_000_000_000
     quantile: float = 0.99
     max_per_bucket: int = 64  # the largest values kept per bucket (see the module docstring)
-    # How far behind its newest sample a series keeps buckets: past the longest a tick can
-    # stay open while its node's watermark is held (AlignParams: idle 15 s + lateness 2 s).
-    horizon_ns: int = 30_000_000_000
+    # How far behind its newest sample a series keeps buckets. Live, a tick stays open about
+    # idle 15 s + lateness 2 s; replaying a backlog, the samples of minutes ahead arrive
+    # before a tick closes. The pipeline releases each series as its ticks close
+    # (``release``), so this is only the backstop for a series whose ticks never do.
+    horizon_ns: int = 600_000_000_000
     max_series: int = 200_000
 
     def __post_init__(self) -> None:
@@ -238,6 +240,12 @@ class SpikeEngine:
                 x = b - (b - a) * (1 - g) if g >= 0.5 else a + (b - a) * g
                 best = x if best is None or x > best else best
         return best
+
+    def release(self, node: str, gpu: str, sensor: str, tick_ns: int) -> None:
+        """The series' ticks up to ``tick_ns`` are closed: drop the buckets no later window reads."""
+        s = self._series.get((node, gpu, sensor))
+        if s is not None:
+            s.purge((tick_ns + self.grid_ns - self.params.window_ns) // self.params.bucket_ns)
 
     def evict_before(self, ts_ns: int) -> None:
         """Close windows ending before ``ts_ns``: drop buckets wholly older than ``ts_ns - window_ns``."""

@@ -23,7 +23,9 @@ from tests.oracle import Rows, oracle, series_of
 
 
 def worker_cmd(*extra: str) -> list[str]:
-    return [sys.executable, "-m", "agents.cli", "worker", "--progress", "json", *extra]
+    """The worker command; the plain runtime (ingest alone) unless ``extra`` names another."""
+    runtime = [] if "--runtime" in extra or "--exit-when-idle" in extra else ["--runtime", "plain"]
+    return [sys.executable, "-m", "agents.cli", "worker", "--progress", "json", *runtime, *extra]
 
 
 def worker_env(settings: Settings) -> dict[str, str]:

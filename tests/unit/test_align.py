@@ -329,7 +329,7 @@ def test_frames_are_read_by_column_name() -> None:
     assert batch.column("power").tolist() == [150.0] and batch.column("n_power").tolist() == [2]
     [f] = batch.frames()
     assert f.value("power") == 150.0 and f.count("n_power") == 2 and f.value("temperature") is None
-    with pytest.raises(KeyError, match="'watts' is not a value or count column"):
+    with pytest.raises(KeyError, match="'watts' is not a value, count or derived column"):
         batch.column("watts")
     with pytest.raises(KeyError, match="'n_power' is not a value column"):
         f.value("n_power")

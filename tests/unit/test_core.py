@@ -126,3 +126,37 @@ def test_commit_offsets_hold_back_to_the_oldest_needed_record() -> None:
     # read position cannot move the commit past what was read.
     assert got == {TopicPartition("s.a", 0): 10, TopicPartition("s.a", 1): 70, TopicPartition("c", 0): 9,
                    TopicPartition("e", 0): 4}
+
+
+def test_frames_get_derived_columns_and_the_spike_engine_sees_the_raw_samples() -> None:
+    from agents.enrich import Enricher
+    from agents.pricebook import PriceBookFile
+
+    store = FrameStore(cast(Backend, None))
+    clock = ManualClock(wall_ns=T0 + 2 * S, mono_ns=0)
+    enricher = Enricher(PriceBookFile(None, clock), SETTINGS.align_params().grid_ns)
+    core = IngestCore(SETTINGS, store, Letters(), clock, enricher)
+    core.assign([TopicPartition(t, 0) for t in TOPICS.inputs], Progress(Recovered()))
+    tensor, sm = TOPICS.sensor(2), TOPICS.sensor(1)
+
+    def lab(r: ConsumerRecord[bytes, bytes]) -> ConsumerRecord[bytes, bytes]:
+        doc = orjson.loads(r.value or b"")
+        doc["labels"] = {"gpu_model": "H100", "region": "us-east", "pod": "p-0"}
+        raw = orjson.dumps(doc)
+        return ConsumerRecord(r.topic, 0, r.offset, 0, 0, r.key, raw, None, 1, len(raw), [])
+
+    util = [50.0] * 20
+    util[13] = util[14] = 99.0  # 200 ms at 10 Hz, in the second tick
+    core.handle({TopicPartition(UTIL, 0): [lab(rec(UTIL, i, i * 0.1, u)) for i, u in enumerate(util)],
+                 TopicPartition(POWER, 0): [rec(POWER, i, i * 0.1, 400.0) for i in range(20)],
+                 TopicPartition(tensor, 0): [rec(tensor, i, i * 0.1, 0.5) for i in range(20)],
+                 TopicPartition(sm, 0): [rec(sm, i, i * 0.1, 0.6) for i in range(20)]})
+    core.advance(quiet_all(0))
+    clock.advance(5 * S)
+    core.advance(quiet_all(5 * S))
+    [batch] = store.detach().batches
+    assert batch.column("tflops").tolist() == pytest.approx([494.75, 494.75])  # H100 SXM dense bf16 (989.5) x 0.5
+    assert batch.column("flops_per_watt").tolist() == pytest.approx([494.75e12 / 400.0] * 2)
+    assert batch.column("cost_usd")[0] > 0 and batch.notes == ["", ""]
+    p99 = batch.column("gpu_util_p99").tolist()
+    assert p99[0] == 50.0 and p99[1] > 95.0

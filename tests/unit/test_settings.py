@@ -90,6 +90,13 @@ def test_env_ignores_variables_without_the_prefix_or_for_unknown_names() -> None
     assert s.partitions == 4 and s.kafka_bootstrap == "127.0.0.1:9092"
 
 
+def test_price_book_is_empty_for_the_shipped_example_and_set_by_env_or_file(tmp_path: Path) -> None:
+    assert load_settings({}).price_book == ""
+    assert load_settings({"FLOPWATCH_PRICE_BOOK": "/etc/flopwatch/prices.toml"}).price_book == "/etc/flopwatch/prices.toml"
+    path = write_toml(tmp_path, 'price_book = "mine.toml"\n')
+    assert load_settings({}, config_file=path).price_book == "mine.toml"
+
+
 # --- precedence ----------------------------------------------------------------------------------------------------
 
 def test_file_top_level_keys_override_defaults(tmp_path: Path) -> None:
@@ -270,17 +277,18 @@ def test_topic_names_with_prefix() -> None:
     assert t.sensors[0] == "pre.sensors.gpu_util" and t.sensor(4) == "pre.sensors.power"
     assert t.k8s_events == "pre.k8s.events"
     assert t.clock_sync == "pre.clock.sync"
-    assert t.outputs == ["pre.flopwatch.triggers", "pre.flopwatch.alerts", "pre.flopwatch.dlq"]
+    assert t.outputs == ["pre.flopwatch.frames", "pre.flopwatch.triggers", "pre.flopwatch.alerts", "pre.flopwatch.dlq"]
+    assert (t.frames, t.alerts) == ("pre.flopwatch.frames", "pre.flopwatch.alerts")
     assert t.dlq == "pre.flopwatch.dlq"
     assert t.inputs == [*t.sensors, "pre.k8s.events", "pre.clock.sync"]
     assert t.all == [*t.inputs, *t.outputs]
-    assert len(set(t.all)) == 28
+    assert len(set(t.all)) == 29
 
 
 def test_topic_names_without_prefix() -> None:
     t = Topics()
     assert "sensors.disk_write" in t.sensors
-    assert t.outputs == ["flopwatch.triggers", "flopwatch.alerts", "flopwatch.dlq"]
+    assert t.outputs == ["flopwatch.frames", "flopwatch.triggers", "flopwatch.alerts", "flopwatch.dlq"]
     assert (t.k8s_events, t.clock_sync) == ("k8s.events", "clock.sync")
 
 

@@ -142,10 +142,21 @@ def test_samples_behind_the_horizon_are_counted_not_kept() -> None:
     eng.evict_before(100 * S)
     eng.add("n", "0", "gpu_util", np.array([50 * S, 99 * S + 5], dtype=np.int64), np.array([99.0, 70.0]))
     assert eng.late_samples == 1 and eng.tick_peak("n", "0", "gpu_util", 99 * S) == 70.0
-    other = SpikeEngine(SpikeParams(), GRID)  # no watermark: the series' own horizon bounds it
+    other = SpikeEngine(SpikeParams(horizon_ns=30 * S), GRID)  # no watermark: the series' own horizon bounds it
     other.add("n", "0", "gpu_util", np.array([100 * S], dtype=np.int64), np.array([50.0]))
     other.add("n", "0", "gpu_util", np.array([60 * S, 80 * S], dtype=np.int64), np.array([1.0, 2.0]))
     assert other.late_samples == 1 and other.values_held() == 2  # 40 s behind: dropped; 20 s: kept
+
+
+def test_a_closed_tick_releases_what_no_later_window_reads() -> None:
+    eng = SpikeEngine(SpikeParams(), GRID)
+    ts = np.arange(0, 60 * S, S // 10, dtype=np.int64)  # a minute at 10 Hz, read ahead of its ticks (a backlog)
+    eng.add("n", "0", "gpu_util", ts, np.full(len(ts), 50.0))
+    assert eng.values_held() == 600
+    assert eng.tick_peak("n", "0", "gpu_util", 9 * S) == 50.0
+    eng.release("n", "0", "gpu_util", 9 * S)
+    assert eng.values_held() == 600 - 90  # buckets before 9 s are gone; tick 10's windows start at 9 s
+    assert eng.tick_peak("n", "0", "gpu_util", 10 * S) == 50.0
 
 
 def test_nan_samples_are_skipped_and_shapes_are_checked() -> None:

@@ -1,0 +1,197 @@
+"""The detection agent: ``flopwatch.frames`` -> ``streams.detect`` -> ``flopwatch.alerts`` + ClickHouse ``detections``.
+
+How it steps around Faust's known traps:
+
+- ``concurrency=1`` (faust-streaming#606: with more, a commit can pass a message still in
+  flight). Parallelism comes from partitions: more workers in the group, each with its
+  own partitions of the node-keyed frames topic.
+- No tables at all: changelog recovery can hang (#651, #597, #596, #432), tables cannot be
+  written inside ``take()`` (#497) and windowed tables expire on wall time (#250). The
+  detectors are plain objects, one ``streams.detect.Detectors`` per partition, and when
+  a partition's first message arrives after an assignment, its state is rebuilt by
+  replaying that partition's frames of the last ``replay_s`` seconds (event time: frames
+  carry their tick as the Kafka timestamp) up to that message, with the alerts those
+  replayed frames cause dropped: they were sent before the crash, since Faust flushes its
+  producer before it commits an offset.
+- No exactly-once mode (#323, #502). Delivery is at least once and every alert has a
+  deterministic id, so a consumer acts once per ``message_id`` and the ``detections``
+  table (ReplacingMergeTree on id, state) keeps one row per message.
+- Bytes in, our own decoding: a frame that does not decode goes to the dead-letter topic
+  and the agent goes on (Faust's own decode path acks and then crashes the agent, #175).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import faust
+import orjson
+
+from schemas.alerts import Alert, alert_key, encode_alert
+from schemas.frame_messages import FrameDecodeError, decode_frame_message
+from schemas.records import Reject, RejectReason
+from streams.detect import Detectors, DetectParams
+
+log = logging.getLogger(__name__)
+
+
+class FrameHistory(Protocol):
+    """Recent frames of one partition, for rebuilding detector state."""
+
+    async def read(self, partition: int, since_ms: int, until_offset: int) -> Sequence[bytes]: ...
+
+
+class AlertSink(Protocol):
+    async def send(self, alerts: Sequence[Alert]) -> None: ...
+
+
+class Rejects(Protocol):
+    def send(self, reject: Reject, value: bytes | None, key: bytes | None, topic: str, partition: int, offset: int,
+             headers: Any = (), indices: list[int] | None = None) -> None: ...
+    def flush(self) -> None: ...
+
+
+@dataclass(slots=True)
+class DetectStats:
+    frames: int = 0
+    alerts: int = 0
+    replayed: int = 0  # frames replayed to rebuild state
+    rebuilds: int = 0
+    rejects: int = 0
+    errors: int = 0
+    firing: int = 0
+    by_rule: dict[str, int] = field(default_factory=dict)
+
+
+class DetectRuntime:
+    """Per-partition detectors, rebuilt on first use after an assignment; shared by the agent and tests."""
+
+    def __init__(self, params: DetectParams, grid_ns: int, history: FrameHistory, sinks: Sequence[AlertSink],
+                 rejects: Rejects | None, topic: str, replay_s: float = 180.0) -> None:
+        self.params = params
+        self.grid_ns = grid_ns
+        self.history = history
+        self.sinks = list(sinks)
+        self.rejects = rejects
+        self.topic = topic
+        self.replay_ms = int(replay_s * 1000)
+        self.stats = DetectStats()
+        self._by_partition: dict[int, Detectors] = {}
+        self._errors_logged: set[str] = set()
+
+    def revoke(self, partitions: Sequence[int]) -> None:
+        for p in partitions:
+            self._by_partition.pop(p, None)
+
+    async def handle(self, partition: int, offset: int, timestamp_ms: int, key: bytes | None,
+                     value: bytes | None) -> list[Alert]:
+        """One frames message; returns (and has sent) the alerts it caused."""
+        det = self._by_partition.get(partition)
+        if det is None:
+            det = self._by_partition[partition] = await self._rebuild(partition, offset, timestamp_ms)
+        try:
+            msg = decode_frame_message(value or b"")
+        except FrameDecodeError as exc:
+            self.stats.rejects += 1
+            known = exc.reason in {r.value for r in RejectReason}
+            await self._reject(Reject(RejectReason(exc.reason) if known else RejectReason.WRONG_TYPE,
+                                      f"frames message: {exc}"), key, value, partition, offset)
+            return []
+        try:
+            alerts = det.on_message(msg)
+        except Exception as exc:  # a bug of ours on one message must not stop the agent
+            self.stats.errors += 1
+            what = type(exc).__name__
+            if what not in self._errors_logged:
+                self._errors_logged.add(what)
+                log.error("detector failed on %s[%d]@%d; sent to the dead-letter topic", self.topic, partition,
+                          offset, exc_info=exc)
+            await self._reject(Reject(RejectReason.INTERNAL_ERROR, f"{what}: {exc}"), key, value, partition, offset)
+            return []
+        self.stats.frames += 1
+        if alerts:
+            for sink in self.sinks:
+                await sink.send(alerts)
+            self.stats.alerts += len(alerts)
+            for a in alerts:
+                self.stats.by_rule[a.rule] = self.stats.by_rule.get(a.rule, 0) + 1
+        self.stats.firing = sum(len(d.firing) for d in self._by_partition.values())
+        return alerts
+
+    async def _reject(self, reject: Reject, key: bytes | None, value: bytes | None, partition: int,
+                      offset: int) -> None:
+        if self.rejects is not None:
+            self.rejects.send(reject, value, key, self.topic, partition, offset)
+            # Acknowledged before the agent moves on, so the commit never passes an undelivered reject.
+            await asyncio.to_thread(self.rejects.flush)
+
+    async def _rebuild(self, partition: int, offset: int, timestamp_ms: int) -> Detectors:
+        det = Detectors(self.params, self.grid_ns)
+        replayed = await self.history.read(partition, timestamp_ms - self.replay_ms, offset)
+        for raw in replayed:
+            try:
+                det.on_message(decode_frame_message(raw))  # alerts dropped: sent before the crash
+            except Exception:  # counted when it was first read; a replay only rebuilds state
+                continue
+        self.stats.replayed += len(replayed)
+        self.stats.rebuilds += 1
+        if replayed:
+            log.info("partition %d: detector state rebuilt from %d frames", partition, len(replayed))
+        return det
+
+
+class KafkaAlertSink:
+    """Sends alerts to ``flopwatch.alerts`` through the Faust app's producer, keyed by alert id."""
+
+    def __init__(self, topic: Any) -> None:
+        self.topic = topic
+
+    async def send(self, alerts: Sequence[Alert]) -> None:
+        for a in alerts:
+            await self.topic.send(key=alert_key(a), value=encode_alert(a))
+
+
+class ClickHouseDetections:
+    """Writes detections through a callable that runs a function on the worker's ClickHouse thread."""
+
+    def __init__(self, run: Callable[[Callable[[Any], None]], Awaitable[None]]) -> None:
+        self._run = run
+
+    async def send(self, alerts: Sequence[Alert]) -> None:
+        cols = detection_columns(alerts)
+        await self._run(lambda backend: backend.insert("detections", cols))
+
+
+def detection_columns(alerts: Sequence[Alert]) -> dict[str, list[Any]]:
+    return {
+        "ts": [a.ts_ns // 1_000_000 for a in alerts], "onset_ts": [a.onset_ts_ns // 1_000_000 for a in alerts],
+        "id": [a.id for a in alerts], "state": [a.state for a in alerts], "rule": [a.rule for a in alerts],
+        "severity": [a.severity for a in alerts], "node": [a.node for a in alerts], "gpu": [a.gpu for a in alerts],
+        "workload": [a.workload or "" for a in alerts], "namespace": [a.namespace or "" for a in alerts],
+        "value": [a.value for a in alerts], "threshold": [a.threshold for a in alerts],
+        "baseline": [a.baseline for a in alerts],
+        "evidence": [orjson.dumps(dict(a.evidence), option=orjson.OPT_SORT_KEYS).decode() for a in alerts]}
+
+
+def install(app: faust.App, runtime: DetectRuntime, frames_topic: Any) -> Any:
+    """Declare the agent on ``app``; returns it (tests drive it with ``agent.test_context()``)."""
+
+    async def detect(stream: faust.StreamT[Any]) -> AsyncIterator[list[Alert]]:
+        async for event in stream.events():
+            m = event.message
+            ts_ms = int(m.timestamp * 1000) if m.timestamp else 0
+            # One result per message, alerts or none (what test_context's put() waits for).
+            yield await runtime.handle(m.partition, m.offset, ts_ms, event.key, event.value)
+
+    agent = app.agent(frames_topic, name="flopwatch.detect", concurrency=1)(detect)
+
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
+    async def _revoked(sender: Any, revoked: Any, **_: Any) -> None:
+        runtime.revoke(sorted({tp.partition for tp in revoked if tp.topic == runtime.topic}))
+
+    return agent
+

@@ -1,0 +1,74 @@
+"""Publishes closed frames to ``flopwatch.frames`` (contract: ``schemas.frame_messages``).
+
+The writer publishes a flush's frames, waits for Kafka's acknowledgement, and only then
+writes them to ClickHouse and commits the input offsets. That order is what keeps the
+topic complete: a crash after the publish and before the ClickHouse write replays the
+samples and publishes the same messages again (same ids: consumers deduplicate), while
+the other order could lose frames for good, because a replay never rebuilds ticks that
+ClickHouse already holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import orjson
+
+from agents.producer import SampleProducer
+from schemas.catalog import LABEL_COLUMNS
+from schemas.frame_messages import FRAME_VERSION, frame_id, message_id
+from schemas.frames import DERIVED_COLUMNS, VALUE_COLUMNS
+from streams.aggregate import FrameBatch
+
+
+def encode_batch(batch: FrameBatch, grid_ns: int) -> Iterator[tuple[str, int, bytes]]:
+    """(node, tick_ns, message) per node and tick of ``batch``, in the bytes ``encode_frame_message``
+    gives (a test holds them equal); built from the columns directly, because this runs per flush."""
+    n = len(batch)
+    if not n:
+        return
+    vals = {c: batch.values[c].tolist() for c in VALUE_COLUMNS}
+    der = {c: (batch.derived[c].tolist() if c in batch.derived else [None] * n) for c in DERIVED_COLUMNS}
+    notes = batch.notes or [""] * n
+    unc = (batch.clock_uncertainty_ns / 1000.0).tolist()
+    ticks = batch.tick_ns.tolist()
+    groups: dict[tuple[str, int], list[dict[str, object]]] = {}
+    for i in range(n):
+        node, gpu, tick = batch.node[i], batch.gpu[i], ticks[i]
+        values = {c: v[i] for c, v in vals.items() if v[i] == v[i]}  # NaN != NaN: an empty cell
+        derived = {c: (None if d[i] is None or d[i] != d[i] else d[i]) for c, d in der.items()}
+        labels = {k: v for k, v in batch.labels[i].items() if k in LABEL_COLUMNS}
+        groups.setdefault((node, tick), []).append({
+            "gpu": gpu, "id": frame_id(node, gpu, tick), "labels": labels, "values": values, "derived": derived,
+            "note": notes[i], "clock_uncertainty_us": unc[i]})
+    for (node, tick), gpus in groups.items():
+        doc = {"v": FRAME_VERSION, "id": message_id(node, tick), "node": node, "tick_ns": tick, "grid_ns": grid_ns,
+               "gpus": gpus}
+        yield node, tick, orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
+
+
+class FramePublisher:
+    """Sends frames keyed by node with the tick as the Kafka timestamp; ``flush`` raises on any failure."""
+
+    def __init__(self, producer: SampleProducer, topic: str, grid_ns: int) -> None:
+        self._producer = producer
+        self.topic = topic
+        self.grid_ns = grid_ns
+        self.published = 0
+
+    def publish(self, batches: list[FrameBatch]) -> int:
+        sent = 0
+        for batch in batches:
+            for node, tick, value in encode_batch(batch, self.grid_ns):
+                self._producer.send(self.topic, value, node, timestamp_ms=tick // 1_000_000)
+                sent += 1
+        return sent
+
+    def publish_and_flush(self, batches: list[FrameBatch]) -> None:
+        sent = self.publish(batches)
+        if sent:
+            self._producer.flush()
+        self.published += sent
+
+    def close(self) -> None:
+        self._producer.close()

@@ -1,0 +1,218 @@
+"""The frames contract: one JSON object (version ``v`` = 1) per node and grid tick on ``flopwatch.frames``.
+
+The ingest publishes every closed frame here as well as to ClickHouse; detection
+agents and any other consumer read it. The Kafka key is the node, the Kafka timestamp
+the tick (ms), so a consumer can seek by event time. A message carries all of the
+node's GPUs (and its ``host`` pseudo-GPU) for that tick.
+
+Identity is deterministic: a message's ``id`` hashes (node, tick_ns), a GPU frame's
+``id`` hashes (node, gpu, tick_ns). A replay after a crash may publish a message again,
+unchanged; consumers deduplicate by id (or keep the newest tick per node, which is
+what the detection agents do).
+
+``values`` holds only the sampled aggregates (a missing key is an empty cell, NULL in
+ClickHouse); ``derived`` holds every derived column, null where an input is missing,
+and ``note`` says which input (``schemas.frames.NOTE_CODES``).
+
+>>> m = FrameMessage("node-1", 1_796_200_344_000_000_000, 1_000_000_000,
+...                  (GpuFrame("0", {"workload": "llm"}, {"power": 512.5}, {"tflops": 400.0}, ""),))
+>>> decode_frame_message(encode_frame_message(m)) == m
+True
+>>> m.id, m.gpus[0].id == frame_id("node-1", "0", m.tick_ns)
+('d5470c62c93a11696cb3e3f0d217bc5f', True)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from importlib.resources.abc import Traversable
+from typing import Any, Final
+
+import orjson
+
+from schemas.catalog import INT_LABELS, LABEL_COLUMNS
+from schemas.frames import DERIVED_COLUMNS, NOTE_CODES, VALUE_COLUMNS
+
+FRAME_VERSION: Final = 1
+FRAME_SCHEMA_PATH: Final[Traversable] = resources.files("schemas") / "json" / "frame.v1.json"
+_VALUES: Final = frozenset(VALUE_COLUMNS)
+_DERIVED: Final = frozenset(DERIVED_COLUMNS)
+_TOP: Final = ("v", "id", "node", "tick_ns", "grid_ns", "gpus")
+_GPU: Final = ("gpu", "id", "labels", "values", "derived", "note", "clock_uncertainty_us")
+
+
+class FrameDecodeError(ValueError):
+    """Not a valid v1 frames message; ``reason`` is a stable code."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+def message_id(node: str, tick_ns: int) -> str:
+    """First 32 hex digits of SHA-256 over the compact JSON ``[node, tick_ns]``."""
+    return hashlib.sha256(orjson.dumps([node, tick_ns])).hexdigest()[:32]
+
+
+def frame_id(node: str, gpu: str, tick_ns: int) -> str:
+    """First 32 hex digits of SHA-256 over the compact JSON ``[node, gpu, tick_ns]``."""
+    return hashlib.sha256(orjson.dumps([node, gpu, tick_ns])).hexdigest()[:32]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFrame:
+    gpu: str
+    labels: Mapping[str, str | int]
+    values: Mapping[str, float]  # sampled aggregates only
+    derived: Mapping[str, float | None]
+    note: str
+    clock_uncertainty_us: float = 0.0
+    id: str = ""  # frame_id(node, gpu, tick): set by the FrameMessage that holds it
+
+    def value(self, column: str) -> float | None:
+        return self.values.get(column)
+
+
+@dataclass(frozen=True, slots=True)
+class FrameMessage:
+    node: str
+    tick_ns: int
+    grid_ns: int
+    gpus: tuple[GpuFrame, ...]
+
+    def __post_init__(self) -> None:
+        # Each GPU frame's id comes from the message's node and tick (never trusted from the wire),
+        # and every derived column is present (null where absent), so equal frames compare equal.
+        fixed = tuple(GpuFrame(g.gpu, g.labels, g.values, {c: g.derived.get(c) for c in DERIVED_COLUMNS}, g.note,
+                               g.clock_uncertainty_us, frame_id(self.node, g.gpu, self.tick_ns)) for g in self.gpus)
+        object.__setattr__(self, "gpus", fixed)
+
+    @property
+    def id(self) -> str:
+        return message_id(self.node, self.tick_ns)
+
+
+def encode_frame_message(m: FrameMessage) -> bytes:
+    """Compact JSON with sorted keys: equal messages give equal bytes."""
+    gpus = [{"gpu": g.gpu, "id": g.id, "labels": dict(g.labels), "values": dict(g.values),
+             "derived": {c: g.derived.get(c) for c in DERIVED_COLUMNS}, "note": g.note,
+             "clock_uncertainty_us": g.clock_uncertainty_us} for g in m.gpus]
+    return orjson.dumps({"v": FRAME_VERSION, "id": m.id, "node": m.node, "tick_ns": m.tick_ns,
+                         "grid_ns": m.grid_ns, "gpus": gpus}, option=orjson.OPT_SORT_KEYS)
+
+
+def decode_frame_message(data: bytes) -> FrameMessage:
+    """Parse and validate one message; raises ``FrameDecodeError`` naming the fault.
+
+    >>> try:
+    ...     decode_frame_message(b'{"v": 1, "node": "n"}')
+    ... except ValueError as exc:
+    ...     print(exc)
+    missing_field: id, tick_ns, grid_ns, gpus
+    """
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise FrameDecodeError("malformed_json", str(exc)) from None
+    if not isinstance(obj, dict):
+        raise FrameDecodeError("not_an_object", f"expected a JSON object, got {type(obj).__name__}")
+    if obj.get("v") != FRAME_VERSION or isinstance(obj.get("v"), bool):
+        raise FrameDecodeError("unknown_version", f"v={obj.get('v')!r}, this consumer reads version {FRAME_VERSION}")
+    _fields(obj, _TOP, "message")
+    node, tick, grid = obj["node"], obj["tick_ns"], obj["grid_ns"]
+    if not isinstance(node, str) or not node:
+        raise FrameDecodeError("wrong_type", "node must be a non-empty string")
+    for name, val in (("tick_ns", tick), ("grid_ns", grid)):
+        if isinstance(val, bool) or not isinstance(val, int) or val < 0:
+            raise FrameDecodeError("wrong_type", f"{name} must be a non-negative integer, got {val!r}")
+    if not isinstance(obj["gpus"], list):
+        raise FrameDecodeError("wrong_type", "gpus must be an array")
+    msg = FrameMessage(node, tick, grid, tuple(_gpu(g) for g in obj["gpus"]))
+    if obj["id"] != msg.id:
+        raise FrameDecodeError("wrong_id", f"id {obj['id']!r} is not the id of ({node!r}, {tick})")
+    return msg
+
+
+def _fields(obj: dict[str, Any], names: tuple[str, ...], what: str) -> None:
+    missing = [n for n in names if n not in obj]
+    if missing:
+        raise FrameDecodeError("missing_field", ", ".join(missing))
+    unknown = sorted(set(obj) - set(names) - {"v"})
+    if unknown:
+        raise FrameDecodeError("unknown_field", f"{what}: {', '.join(unknown)}")
+
+
+def _gpu(g: object) -> GpuFrame:
+    if not isinstance(g, dict):
+        raise FrameDecodeError("wrong_type", "each entry of gpus must be an object")
+    _fields(g, _GPU, "gpu frame")
+    if not isinstance(g["gpu"], str) or not g["gpu"]:
+        raise FrameDecodeError("wrong_type", "gpu must be a non-empty string")
+    labels, values, derived = g["labels"], g["values"], g["derived"]
+    if not all(isinstance(x, dict) for x in (labels, values, derived)):
+        raise FrameDecodeError("wrong_type", "labels, values and derived must be objects")
+    for k, v in labels.items():
+        want = int if k in INT_LABELS else str
+        if k not in LABEL_COLUMNS or isinstance(v, bool) or not isinstance(v, want):
+            raise FrameDecodeError("wrong_type", f"label {k!r}={v!r} is not a known label of its type")
+    vals = {k: _num(k, v, _VALUES) for k, v in values.items()}
+    der = {k: (None if v is None else _num(k, v, _DERIVED)) for k, v in derived.items()}
+    note = g["note"]
+    if not isinstance(note, str) or any(c not in NOTE_CODES for c in filter(None, note.split(","))):
+        raise FrameDecodeError("wrong_type", f"note {note!r} is not a comma-separated list of note codes")
+    unc = _num("clock_uncertainty_us", g["clock_uncertainty_us"], frozenset({"clock_uncertainty_us"}))
+    return GpuFrame(g["gpu"], labels, vals, der, note, unc)
+
+
+def _num(name: str, v: object, allowed: frozenset[str]) -> float:
+    if name not in allowed:
+        raise FrameDecodeError("unknown_field", f"{name!r} is not a column of this object")
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise FrameDecodeError("wrong_type", f"{name} must be a finite number, got {v!r}")
+    return float(v)
+
+
+def frame_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of one frames message, generated from the frame's columns;
+    ``schemas/json/frame.v1.json`` is this, written out (a test keeps the two equal)."""
+    number = {"type": "number"}
+    labels = {k: {"type": "integer"} if k in INT_LABELS else {"type": "string"} for k in LABEL_COLUMNS}
+    gpu = {
+        "type": "object", "additionalProperties": False, "required": list(_GPU),
+        "properties": {
+            "gpu": {"type": "string", "minLength": 1, "description": "GPU index or UUID, or 'host'."},
+            "id": {"type": "string", "pattern": "^[0-9a-f]{32}$",
+                   "description": "SHA-256 of the compact JSON [node, gpu, tick_ns], first 32 hex digits."},
+            "labels": {"type": "object", "additionalProperties": False, "properties": labels},
+            "values": {"type": "object", "additionalProperties": False,
+                       "properties": {c: number for c in VALUE_COLUMNS},
+                       "description": "Sampled aggregates; a missing key is an empty cell."},
+            "derived": {"type": "object", "additionalProperties": False, "required": list(DERIVED_COLUMNS),
+                        "properties": {c: {"type": ["number", "null"]} for c in DERIVED_COLUMNS}},
+            "note": {"type": "string", "pattern": f"^(({'|'.join(NOTE_CODES)})(,({'|'.join(NOTE_CODES)}))*)?$",
+                     "description": "Why derived values are null, comma-separated; empty when none is."},
+            "clock_uncertainty_us": {"type": "number", "minimum": 0},
+        },
+    }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "urn:flopwatch:schema:frames:v1",
+        "title": "flopwatch frames message, version 1",
+        "description": "One message of the flopwatch.frames topic: one node's aligned frames for one grid tick "
+                       "(Kafka key = node, Kafka timestamp = tick in ms). A replay may repeat a message unchanged; "
+                       "deduplicate by id.",
+        "type": "object", "additionalProperties": False, "required": list(_TOP),
+        "properties": {
+            "v": {"const": FRAME_VERSION},
+            "id": {"type": "string", "pattern": "^[0-9a-f]{32}$",
+                   "description": "SHA-256 of the compact JSON [node, tick_ns], first 32 hex digits."},
+            "node": {"type": "string", "minLength": 1},
+            "tick_ns": {"type": "integer", "minimum": 0, "description": "Start of the grid cell, ns since the epoch."},
+            "grid_ns": {"type": "integer", "minimum": 1},
+            "gpus": {"type": "array", "items": gpu},
+        },
+    }

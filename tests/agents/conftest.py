@@ -1,0 +1,1 @@
+"""The agents tier: Faust agents driven through ``agent.test_context()``, no broker."""

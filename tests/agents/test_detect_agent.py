@@ -1,0 +1,145 @@
+"""The detection agent under Faust's test_context(): alerts, replayed duplicates, rebuild after a restart,
+and a bad message that goes to the dead-letter sink while the agent goes on."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import faust
+import numpy as np
+
+from agents.detect import DetectRuntime, install
+from schemas.alerts import Alert
+from schemas.frame_messages import FrameMessage, GpuFrame, encode_frame_message
+from schemas.records import Reject
+from streams.detect import DRIFT_RULE, DetectParams
+
+GRID = 1_000_000_000
+T0 = 1_796_200_000 * GRID
+LABELS = {"namespace": "ml", "workload": "llm", "pod": "llm-0"}
+
+
+def frames(n: int, drop_at: int, drop_len: int, depth: float = 0.3, seed: int = 1) -> list[bytes]:
+    """One node, one GPU: FLOPS/W with 1% noise, dropping by ``depth`` for ``drop_len`` ticks."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        level = 1.0 - (depth if drop_at <= i < drop_at + drop_len else 0.0)
+        fpw = 1.0e12 * level * (1 + 0.01 * rng.standard_normal())
+        g = GpuFrame("0", LABELS, {"power": 500.0}, {"flops_per_watt": fpw, "gpu_util_p99": 60.0}, "")
+        out.append(encode_frame_message(FrameMessage("node-1", T0 + i * GRID, GRID, (g,))))
+    return out
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.alerts: list[Alert] = []
+
+    async def send(self, alerts: Sequence[Alert]) -> None:
+        self.alerts.extend(alerts)
+
+
+class History:
+    def __init__(self, messages: list[bytes]) -> None:
+        self.messages = messages
+        self.asked: list[tuple[int, int, int]] = []
+
+    async def read(self, partition: int, since_ms: int, until_offset: int) -> Sequence[bytes]:
+        # The test channel numbers offsets from 0 whatever came before: what precedes the first
+        # message is what this history was given.
+        self.asked.append((partition, since_ms, until_offset))
+        return self.messages
+
+
+class Letters:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, int]] = []
+
+    def send(self, reject: Reject, value: bytes | None, key: bytes | None, topic: str, partition: int, offset: int,
+             headers: Any = (), indices: list[int] | None = None) -> None:
+        self.sent.append((reject.reason.value, offset))
+
+    def flush(self) -> None:
+        pass
+
+
+def make(history: History) -> tuple[Any, DetectRuntime, Sink, Letters]:
+    app = faust.App("flopwatch-agent-test", broker="kafka://127.0.0.1:1", store="memory://", value_serializer="raw",
+                    key_serializer="raw", autodiscover=False, web_enabled=False)
+    topic = app.topic("flopwatch.frames", key_type=bytes, value_type=bytes)
+    sink, letters = Sink(), Letters()
+    runtime = DetectRuntime(DetectParams(), GRID, history, [sink], letters, "flopwatch.frames", replay_s=180)
+    return install(app, runtime, topic), runtime, sink, letters
+
+
+async def put_all(agent: Any, messages: list[bytes]) -> None:
+    for i, m in enumerate(messages):
+        await agent.put(value=m, key=b"node-1", partition=0, timestamp=(T0 + i * GRID) / 1e9)
+
+
+def test_a_held_drop_fires_once_and_resolves_once() -> None:
+    asyncio.run(_a_held_drop_fires_once_and_resolves_once())
+
+
+async def _a_held_drop_fires_once_and_resolves_once() -> None:
+    agent, runtime, sink, _ = make(History([]))
+    async with agent.test_context() as tc:
+        await put_all(tc, frames(120, drop_at=70, drop_len=12))
+        # The agent yields each message's alerts: what Faust saw is what the sink got.
+        assert len(tc.results) == 120
+        assert [a for r in tc.results.values() for a in r] == sink.alerts
+    drift = [a for a in sink.alerts if a.rule == DRIFT_RULE]
+    assert [a.state for a in drift] == ["firing", "resolved"]
+    assert drift[0].onset_ts_ns == T0 + 70 * GRID and drift[0].id == drift[1].id
+    assert drift[0].ts_ns == T0 + 73 * GRID  # end of the third tick below: held for 3 s
+    assert drift[0].workload == "llm" and drift[0].namespace == "ml"
+    assert runtime.stats.frames == 120
+
+
+def test_short_dips_and_replayed_duplicates_do_not_alert() -> None:
+    asyncio.run(_short_dips_and_replayed_duplicates_do_not_alert())
+
+
+async def _short_dips_and_replayed_duplicates_do_not_alert() -> None:
+    agent, _, sink, _ = make(History([]))
+    msgs = frames(100, drop_at=70, drop_len=2)
+    async with agent.test_context() as tc:
+        await put_all(tc, msgs[:80] + msgs[60:80] + msgs[80:])  # a redelivered stretch
+    assert [a for a in sink.alerts if a.rule == DRIFT_RULE] == []
+
+
+def test_a_restarted_agent_rebuilds_state_and_sends_the_same_ids() -> None:
+    asyncio.run(_a_restarted_agent_rebuilds_state_and_sends_the_same_ids())
+
+
+async def _a_restarted_agent_rebuilds_state_and_sends_the_same_ids() -> None:
+    msgs = frames(150, drop_at=90, drop_len=30)
+    agent, _, first, _ = make(History([]))
+    async with agent.test_context() as tc:
+        await put_all(tc, msgs)
+    cut = 100  # the crash: offsets up to 100 were committed, the drop had already fired
+    history = History(msgs[:cut])
+    agent2, runtime2, second, _ = make(history)
+    async with agent2.test_context() as tc:
+        for i, m in enumerate(msgs[cut:], start=cut):
+            await tc.put(value=m, key=b"node-1", partition=0, timestamp=(T0 + i * GRID) / 1e9)
+    assert runtime2.stats.rebuilds == 1 and runtime2.stats.replayed == cut
+    assert history.asked == [(0, (T0 + cut * GRID) // 1_000_000 - 180_000, 0)]
+    before = {a.message_id for a in first.alerts if a.ts_ns <= T0 + cut * GRID}
+    after = [a for a in first.alerts if a.message_id not in before]
+    assert [a.message_id for a in second.alerts] == [a.message_id for a in after]
+
+
+def test_a_bad_message_goes_to_the_dead_letter_sink_and_the_agent_goes_on() -> None:
+    asyncio.run(_a_bad_message_goes_to_the_dead_letter_sink_and_the_agent_goes_on())
+
+
+async def _a_bad_message_goes_to_the_dead_letter_sink_and_the_agent_goes_on() -> None:
+    agent, runtime, _sink, letters = make(History([]))
+    msgs = frames(10, drop_at=99, drop_len=0)
+    async with agent.test_context() as tc:
+        await put_all(tc, [*msgs[:5], b"{not json", *msgs[5:]])
+    assert [r for r, _ in letters.sent] == ["malformed_json"]
+    assert runtime.stats.frames == 10 and runtime.stats.rejects == 1

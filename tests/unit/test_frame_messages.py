@@ -1,0 +1,93 @@
+"""The frames topic contract: encoding from a FrameBatch, decoding, ids and the shipped JSON Schema."""
+
+from __future__ import annotations
+
+import math
+
+import jsonschema
+import numpy as np
+import orjson
+import pytest
+
+from agents.frames_out import encode_batch
+from schemas.frame_messages import (
+    FRAME_SCHEMA_PATH,
+    FrameDecodeError,
+    decode_frame_message,
+    encode_frame_message,
+    frame_id,
+    frame_schema,
+)
+from schemas.frames import DERIVED_COLUMNS, VALUE_COLUMNS
+from streams.aggregate import FrameBatch
+
+GRID = 1_000_000_000
+T0 = 1_796_200_000 * GRID
+
+
+def sample_batch() -> FrameBatch:
+    nodes, gpus, ticks = ["a", "a", "a", "b"], ["0", "1", "0", "0"], [T0, T0, T0 + GRID, T0]
+    vals = {c: np.full(4, np.nan) for c in VALUE_COLUMNS}
+    vals["power"][:] = [300.0, 310.0, np.nan, 280.5]
+    vals["gpu_util"][:] = [90.0, 91.0, 92.0, 10.0]
+    b = FrameBatch(np.array(ticks, np.int64), nodes, gpus,
+                   [{"workload": "llm", "rank": 3}, {"workload": "llm"}, {}, {"pod": "p-1"}], vals, {},
+                   np.array([0, 0, 2500, 0], np.int64))
+    b.derived = {c: np.full(4, np.nan) for c in DERIVED_COLUMNS}
+    b.derived["tflops"][:] = [400.0, 410.0, np.nan, 1.0]
+    b.notes = ["", "", "no_power", ""]
+    return b
+
+
+def test_one_message_per_node_and_tick_with_its_gpus() -> None:
+    out = list(encode_batch(sample_batch(), GRID))
+    assert [(n, t) for n, t, _ in out] == [("a", T0), ("a", T0 + GRID), ("b", T0)]
+    m = decode_frame_message(out[0][2])
+    assert [g.gpu for g in m.gpus] == ["0", "1"] and m.gpus[0].values == {"power": 300.0, "gpu_util": 90.0}
+    assert m.gpus[0].labels == {"workload": "llm", "rank": 3}
+    assert m.gpus[0].derived["tflops"] == 400.0 and m.gpus[0].derived["cost_usd"] is None
+    late = decode_frame_message(out[1][2])
+    assert late.gpus[0].note == "no_power" and late.gpus[0].clock_uncertainty_us == 2.5
+    assert "power" not in late.gpus[0].values  # an empty cell is an absent key
+
+
+def test_the_fast_encoder_gives_the_contract_encoders_bytes() -> None:
+    for _, _, raw in encode_batch(sample_batch(), GRID):
+        assert encode_frame_message(decode_frame_message(raw)) == raw
+
+
+def test_ids_are_deterministic_and_distinct() -> None:
+    first = [raw for _, _, raw in encode_batch(sample_batch(), GRID)]
+    again = [raw for _, _, raw in encode_batch(sample_batch(), GRID)]
+    assert first == again
+    ids = {g.id for raw in first for g in decode_frame_message(raw).gpus}
+    assert len(ids) == 4 and frame_id("a", "0", T0) in ids
+
+
+def test_the_shipped_schema_is_the_generated_one_and_validates_real_messages() -> None:
+    shipped = orjson.loads(FRAME_SCHEMA_PATH.read_bytes())
+    assert shipped == frame_schema()
+    jsonschema.Draft202012Validator.check_schema(shipped)
+    validator = jsonschema.Draft202012Validator(shipped)
+    for _, _, raw in encode_batch(sample_batch(), GRID):
+        validator.validate(orjson.loads(raw))
+    bad = orjson.loads(next(encode_batch(sample_batch(), GRID))[2])
+    bad["gpus"][0]["values"]["no_such_column"] = 1.0
+    assert not validator.is_valid(bad)
+
+
+@pytest.mark.parametrize(("mutate", "reason"), [
+    (lambda d: d.update(v=2), "unknown_version"),
+    (lambda d: d.pop("gpus"), "missing_field"),
+    (lambda d: d.update(extra=1), "unknown_field"),
+    (lambda d: d.update(id="0" * 32), "wrong_id"),
+    (lambda d: d["gpus"][0]["values"].update(power=math.inf), "wrong_type"),
+    (lambda d: d["gpus"][0].update(note="because"), "wrong_type"),
+    (lambda d: d["gpus"][0]["labels"].update(rank="three"), "wrong_type"),
+])
+def test_a_bad_message_is_refused_with_a_reason(mutate: object, reason: str) -> None:
+    doc = orjson.loads(next(encode_batch(sample_batch(), GRID))[2])
+    mutate(doc)  # type: ignore[operator]
+    with pytest.raises(FrameDecodeError) as err:
+        decode_frame_message(orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY).replace(b"Infinity", b"1e999"))
+    assert err.value.reason == reason
