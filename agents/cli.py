@@ -250,7 +250,8 @@ def render(names: list[str], rows: list[tuple[Any, ...]], fmt: str) -> str:
 
 
 @cli.command()
-@click.option("--duration", default=30.0, show_default=True, help="Seconds to simulate.")
+@click.option("--duration", default=100.0, show_default=True,
+              help="Seconds to simulate (the scheduled events of deploy/scenarios/live-demo.toml span 100 s).")
 @click.option("--nodes", default=2, show_default=True, help="Simulated nodes.")
 @click.option("--gpus", default=4, show_default=True, help="GPUs per node.")
 @click.pass_context

@@ -32,7 +32,7 @@ import faust
 import orjson
 
 from schemas.alerts import Alert, alert_key, encode_alert
-from schemas.frame_messages import FrameDecodeError, decode_frame_message
+from schemas.frame_messages import FrameDecodeError, FrameMessage, decode_frame_message
 from schemas.records import Reject, RejectReason
 from streams.detect import Detectors, DetectParams
 
@@ -82,6 +82,7 @@ class DetectRuntime:
         self.stats = DetectStats()
         self._by_partition: dict[int, Detectors] = {}
         self._errors_logged: set[str] = set()
+        self.on_frame: Callable[[FrameMessage], None] | None = None  # sees each live frame (the demo's view)
 
     def revoke(self, partitions: Sequence[int]) -> None:
         for p in partitions:
@@ -101,6 +102,8 @@ class DetectRuntime:
             await self._reject(Reject(RejectReason(exc.reason) if known else RejectReason.WRONG_TYPE,
                                       f"frames message: {exc}"), key, value, partition, offset)
             return []
+        if self.on_frame is not None:
+            self.on_frame(msg)
         try:
             alerts = det.on_message(msg)
         except Exception as exc:  # a bug of ours on one message must not stop the agent
