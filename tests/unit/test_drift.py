@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pytest
@@ -32,6 +32,22 @@ def stream(grid_ns: int, seconds: float, segments: Sequence[Segment] = (), noise
     return list(zip(ticks.tolist(), values.tolist(), strict=True))
 
 
+def covered(grid_ns: int, seconds: float, start_s: float, length_s: float, depth: float, noise: float = 0.01,
+            seed: int = 0) -> list[tuple[int, float]]:
+    """Ticks of a level that drops by ``depth`` over [start_s, start_s + length_s) in continuous time: a tick's
+    value is its mean over the tick (so edge ticks are partly dropped), times (1 + seeded gaussian noise)."""
+    n = int(seconds * S) // grid_ns
+    ticks = np.arange(n, dtype=np.int64) * grid_ns
+    lo, hi = int(start_s * S), int((start_s + length_s) * S)
+    cover = np.clip(np.minimum(ticks + grid_ns, hi) - np.maximum(ticks, lo), 0, grid_ns) / grid_ns
+    values = LEVEL * (1 - depth * cover) * (1 + np.random.default_rng(seed).normal(0.0, noise, n))
+    return list(zip(ticks.tolist(), values.tolist(), strict=True))
+
+
+def firings(grid_ns: int, ticks: Iterable[tuple[int, float | None]], **params: Any) -> list[DriftEvent]:
+    return [e for e in run(EfficiencyDrift(DriftParams(**params), grid_ns), ticks) if e.state == "firing"]
+
+
 def run(d: EfficiencyDrift | DriftBank, ticks: Iterable[tuple[int, float | None]], context: str = "ns/job/bf16",
         key: tuple[str, str] = ("n0", "0")) -> list[DriftEvent]:
     out: list[DriftEvent] = []
@@ -54,6 +70,10 @@ def test_a_drop_is_confirmed_at_the_exact_tick(grid_ns: int, confirm_s: float) -
     assert e.baseline == pytest.approx(LEVEL, rel=0.01) and e.value < e.threshold
     assert e.evidence["detector"] == "page_hinkley"
     assert 100 * S <= int(e.evidence["river_onset_ns"]) <= e.tick_ns  # River saw it inside the run
+    assert float(e.evidence["depth"]) == pytest.approx(0.2, abs=0.02) and float(e.evidence["depth_needed"]) >= 0.11
+    assert isinstance(e.evidence["onset_estimate_ns"], int)
+    assert abs(int(e.evidence["onset_estimate_ns"]) - 100 * S) <= grid_ns // 5
+    assert 3 * S - int(e.evidence["tolerance_ns"]) <= int(e.evidence["held_estimate_ns"]) <= 3 * S
 
 
 @pytest.mark.parametrize("detector", ["page_hinkley", "adwin"])
@@ -172,6 +192,30 @@ def test_snapshot_restore_mid_stream_gives_identical_events(grid_ns: int, detect
         assert head + run(d2, ticks[cut:]) == whole, cut_s
 
 
+def test_snapshot_restore_inside_noisy_bridged_runs_gives_identical_events() -> None:
+    # 5% per tick at 100 ms: runs open on noise, bridge high ticks and get their heads cut; cut anywhere.
+    g = S // 10
+    ticks = stream(g, 200, [(90, 0.6), (92.5, 1.0), (120, 0.8), (160, 1.0)], noise=0.05, seed=35)
+    whole = run(EfficiencyDrift(DriftParams(), g), ticks)
+    assert [e.state for e in whole].count("firing") >= 1
+    d = EfficiencyDrift(DriftParams(), g)
+    saw_pending = False
+    for i, (t, v) in enumerate(ticks):
+        if i % 37 == 0 and t > 80 * S:
+            snap = json.loads(json.dumps(d.snapshot()))
+            saw_pending = saw_pending or bool(snap["pending"])
+            d = EfficiencyDrift.restore(DriftParams(), g, snap)
+            assert d.snapshot() == snap
+        d.update(t, v, "ns/job/bf16")
+    assert saw_pending
+    d2, out = EfficiencyDrift(DriftParams(), g), []
+    for i, (t, v) in enumerate(ticks):
+        if i % 37 == 0 and t > 80 * S:
+            d2 = EfficiencyDrift.restore(DriftParams(), g, json.loads(json.dumps(d2.snapshot())))
+        out += d2.update(t, v, "ns/job/bf16")
+    assert out == whole
+
+
 def test_bank_snapshot_keeps_entities_and_their_order() -> None:
     params = DriftParams()
     bank = DriftBank(params, S, max_entities=3)
@@ -203,13 +247,22 @@ def test_memory_stays_bounded_over_1e5_ticks(grid_ns: int) -> None:
         peak = {k: max(peak[k], n) for k, n in d.buffer_lengths().items()}
     assert len(events) >= 4
     assert peak["baseline"] == peak["sorted"] == cap and peak["level"] <= cap
-    assert peak["run"] <= 3 * S // grid_ns
+    p = DriftParams()
+    assert p.run_limit_ns == 30 * S and peak["run"] <= (p.run_limit_ns + p.max_gap_ns) // grid_ns + 1
     assert len(json.dumps(d.snapshot())) < 40 * cap + 4_000
 
 
 def test_parameters_are_validated() -> None:
     with pytest.raises(ValueError, match="drop"):
         DriftParams(drop=1.5)
+    with pytest.raises(ValueError, match="floor"):
+        DriftParams(floor=0.12)  # must be below drop
+    with pytest.raises(ValueError, match="floor"):
+        DriftParams(drop=0.2, floor=0.0)
+    with pytest.raises(ValueError, match="max_tolerance_ns"):
+        DriftParams(max_tolerance_ns=3 * S)
+    with pytest.raises(ValueError, match="max_run_ns"):
+        DriftParams(max_run_ns=S)
     with pytest.raises(ValueError, match="min_baseline_ns"):
         DriftParams(min_baseline_ns=120 * S)
     with pytest.raises(ValueError, match="detector"):
@@ -248,3 +301,91 @@ def test_episodes_pair_up_and_replay_is_deterministic(seed: int, segs: list[Segm
             assert open_onset == e.onset_ns
             open_onset = None
         assert e.onset_ns <= e.tick_ns
+
+
+# --- The threshold band and the event-time duration with sub-tick edges ---------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_an_aligned_30pct_drop_at_1s_fires_on_its_third_tick(seed: int) -> None:
+    # What tests/agents/test_detect_agent.py relies on: onset = tick 70, confirmed at tick 72 (end of tick 73 s).
+    ev = firings(S, stream(S, 120, [(70, 0.7), (82, 1.0)], noise=0.01, seed=seed))
+    assert [(e.onset_ns, e.tick_ns) for e in ev] == [(70 * S, 72 * S)]
+
+
+@pytest.mark.parametrize(("grid_ns", "confirm_s", "onset_s"), [(S, 103.0, 100.0), (S // 10, 103.3, 100.4)])
+@pytest.mark.parametrize("seed", range(3))
+def test_the_onset_is_estimated_inside_its_tick(grid_ns: int, confirm_s: float, onset_s: float, seed: int) -> None:
+    # True onset 100.4 s: at 1 s the third full tick ends at 103 (2.6 s of drop), so it confirms at the end of
+    # tick 103 (104 s, 3.6 s); at 100 ms exactly 3 s after the onset. onset_ns is a plain tick start (the id).
+    (e,) = firings(grid_ns, covered(grid_ns, 150, 100.4, 30, 0.3, seed=seed))
+    assert (e.onset_ns / S, e.tick_ns / S) == (onset_s, confirm_s)
+    assert abs(int(e.evidence["onset_estimate_ns"]) - int(100.4 * S)) <= grid_ns // 10
+
+
+@pytest.mark.parametrize("grid_ns", GRIDS)
+@pytest.mark.parametrize(("start_s", "length_s"), [(100.0, 2.5), (100.5, 2.5), (100.7, 2.6), (100.05, 2.8)])
+@pytest.mark.parametrize("seed", range(4))
+def test_dips_shorter_than_the_hold_never_confirm(grid_ns: int, start_s: float, length_s: float, seed: int) -> None:
+    # 100.7 + 2.6 s covers 4 ticks at 1 s (the old rule counted ticks below and fired).
+    for depth, noise in ((0.5, 0.01), (0.3, 0.02)):
+        assert firings(grid_ns, covered(grid_ns, 140, start_s, length_s, depth, noise, seed)) == []
+
+
+@pytest.mark.parametrize("grid_ns", GRIDS)
+@pytest.mark.parametrize("start_s", [100.0, 100.45, 100.9])
+@pytest.mark.parametrize("seed", range(3))
+def test_drops_just_over_the_hold_confirm(grid_ns: int, start_s: float, seed: int) -> None:
+    (e,) = firings(grid_ns, covered(grid_ns, 140, start_s, 3.3, 0.3, seed=seed))
+    assert 3 * S - grid_ns <= e.tick_ns + grid_ns - int(start_s * S) < 4 * S  # within a tick of 3 s
+    assert e.onset_ns <= int(start_s * S) + grid_ns
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_12pct_drop_at_100ms_alerts_within_3_5s(seed: int) -> None:
+    start = 100.0 + 0.137 * seed  # not tick-aligned
+    (e,) = firings(S // 10, covered(S // 10, 160, start, 20, 0.12, noise=0.02, seed=seed))
+    delay = (e.tick_ns + S // 10 - int(start * S)) / S
+    assert 2.9 <= delay <= 3.5
+
+
+@pytest.mark.parametrize("grid_ns", GRIDS)
+@pytest.mark.parametrize("depth", [0.05, 0.08, 0.095])
+@pytest.mark.parametrize("seed", range(3))
+def test_drops_shallower_than_the_floor_never_alert(grid_ns: int, depth: float, seed: int) -> None:
+    assert firings(grid_ns, covered(grid_ns, 200, 80.3, 60, depth, noise=0.02, seed=seed)) == []
+
+
+@pytest.mark.parametrize("grid_ns", GRIDS)
+def test_a_deep_second_does_not_make_a_shallow_drop_alert(grid_ns: int) -> None:
+    # One second at 50% then 30 s at 9% below: the level is the median, where the run sits (a mean says 12.7%).
+    assert firings(grid_ns, stream(grid_ns, 200, [(100, 0.5), (101, 0.91), (131, 1.0)], noise=0.01, seed=31)) == []
+
+
+def test_a_run_opened_by_noise_is_judged_from_where_the_dip_starts() -> None:
+    g = S // 10
+    base = stream(g, 100, noise=0.02, seed=32)
+    # 2 s of noise-low ticks, bridged (a high tick between lows), straight into a 2.5 s dip: no alert ...
+    head = [(100 * S + i * g, LEVEL * (0.93 if i % 2 == 0 else 0.99)) for i in range(20)]
+    for dip_s, fires in ((2.5, False), (3.4, True)):
+        n = round(dip_s * 10)
+        dip = [(102 * S + i * g, LEVEL * 0.6) for i in range(n)]
+        tail = [(102 * S + (n + i) * g, LEVEL) for i in range(30)]
+        ev = firings(g, base + head + dip + tail)
+        assert bool(ev) == fires
+        if fires:  # ... but a 3.4 s one fires, 3 s after the dip's start, its onset the dip's first tick
+            assert ev[0].onset_ns == 102 * S and ev[0].tick_ns == 104_900_000_000
+
+
+@pytest.mark.parametrize(("grid_ns", "hours"), [(S, 4.0), (S // 10, 0.4)])
+@pytest.mark.parametrize("noise", [0.02, 0.05])
+def test_noise_alone_never_alerts(grid_ns: int, hours: float, noise: float) -> None:
+    assert firings(grid_ns, stream(grid_ns, hours * 3600, noise=noise, seed=33)) == []
+
+
+def test_a_short_recovery_dip_does_not_reset_a_recovery_at_100ms() -> None:
+    g = S // 10
+    ticks = stream(g, 200, [(100, 0.7), (130, 1.0)], seed=34)
+    ticks = [(t, LEVEL * 0.93 if t == 131 * S else v) for t, v in ticks]  # one low tick while recovering: bridged
+    ev = run(EfficiencyDrift(DriftParams(), g), ticks)
+    assert brief(ev)[1] == ("resolved", 100.0, 132.9, "recovered")
