@@ -135,10 +135,13 @@ class Ingestor:
         self._ch_ready.set()
         store = self._store = FrameStore(backend)
         self._dlq = DeadLetter(SampleProducer(s), self.topics.dlq)
-        prices = PriceBookFile(Path(s.price_book) if s.price_book else None, self._clock)
-        prices.current()  # a missing or invalid price book stops the worker here, with its path and line
-        enricher = Enricher(prices, s.align_params().grid_ns)
-        self._frames = FramePublisher(SampleProducer(s), self.topics.frames, s.align_params().grid_ns)
+        enricher = None
+        if s.derive:
+            prices = PriceBookFile(Path(s.price_book) if s.price_book else None, self._clock)
+            prices.current()  # a missing or invalid price book stops the worker here, with its path and line
+            enricher = Enricher(prices, s.align_params().grid_ns)
+        if s.publish_frames:
+            self._frames = FramePublisher(SampleProducer(s), self.topics.frames, s.align_params().grid_ns)
         core = self._core = IngestCore(s, store, self._dlq, self._clock, enricher)
         self.stats = core.stats
         consumer = AIOKafkaConsumer(
@@ -235,9 +238,9 @@ class Ingestor:
         assert store is not None and dlq is not None and consumer is not None
         await self._on_ch(dlq.flush)  # rejects before the offsets that produced them are committed
         # Frames on Kafka before ClickHouse (agents.frames_out says why), both before the commit.
-        assert self._frames is not None
-        await self._on_ch(self._frames.publish_and_flush, pending.batches)
-        self.stats.frames_published = self._frames.published
+        if self._frames is not None:
+            await self._on_ch(self._frames.publish_and_flush, pending.batches)
+            self.stats.frames_published = self._frames.published
         await self._on_ch(store.write, pending, consumed, self._clock.wall_ns() // 1_000_000, closed)
         if commit:
             try:

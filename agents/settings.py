@@ -128,8 +128,14 @@ class Settings:
     """Most Kafka records taken per poll; FLOPWATCH_MAX_POLL_RECORDS."""
     price_book: str = ""
     """Path of the price book TOML (re-read when edited); empty: the shipped example prices; FLOPWATCH_PRICE_BOOK."""
+    derive: bool = True
+    """Fill the efficiency, cost and spike columns of every frame (streams.derive); FLOPWATCH_DERIVE."""
+    publish_frames: bool = True
+    """Publish closed frames to flopwatch.frames, which the detection agent reads; FLOPWATCH_PUBLISH_FRAMES."""
     drift_drop: float = 0.12
     """Efficiency drift: how far below its baseline FLOPS/Watt must fall (fraction); FLOPWATCH_DRIFT_DROP."""
+    drift_floor: float = 0.10
+    """Efficiency drift: a drop shallower than this never alerts (must be below the drop); FLOPWATCH_DRIFT_FLOOR."""
     drift_hold_s: float = 3.0
     """Efficiency drift: how long the drop must hold, event time; FLOPWATCH_DRIFT_HOLD_S."""
     drift_baseline_s: float = 60.0
@@ -154,7 +160,8 @@ class Settings:
     def detect_params(self) -> DetectParams:
         baseline_ns = int(self.drift_baseline_s * 1e9)
         return DetectParams(
-            drift=DriftParams(drop=self.drift_drop, hold_ns=int(self.drift_hold_s * 1e9), baseline_ns=baseline_ns,
+            drift=DriftParams(drop=self.drift_drop, floor=self.drift_floor, hold_ns=int(self.drift_hold_s * 1e9),
+                              baseline_ns=baseline_ns,
                               min_baseline_ns=min(baseline_ns, 20_000_000_000), detector=self.drift_detector),
             spike_thresholds={"gpu_util": self.spike_util_pct, "sm_active": self.spike_sm_active},
         )
@@ -236,6 +243,10 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path 
         settings.align_params()  # validates the grid and lateness now, not at first use
     except (ValueError, OverflowError) as exc:
         raise SettingsError(f"grid/lateness settings: {exc}") from None
+    try:
+        settings.detect_params()  # drift and spike settings, checked as a whole
+    except (ValueError, OverflowError) as exc:
+        raise SettingsError(f"drift/spike settings: {exc}") from None
     for name in _POSITIVE:
         if getattr(settings, name) <= 0:
             raise SettingsError(f"{name}={getattr(settings, name)!r}: must be > 0")

@@ -96,10 +96,18 @@ class _Series:
         self.lowest = 2**62  # a lower bound of the oldest bucket held
 
     def purge(self, keep_from: int) -> None:
-        if self.lowest < keep_from:
-            self.vals = {b: v for b, v in self.vals.items() if b >= keep_from}
-            self.dropped = {b: n for b, n in self.dropped.items() if b >= keep_from}
-            self.lowest = min(self.vals, default=2**62)
+        if self.lowest >= keep_from:
+            return
+        if keep_from - self.lowest <= 64:
+            # The usual case (a tick closing releases ~10 buckets): pop the few, don't rebuild.
+            for b in range(self.lowest, keep_from):
+                self.vals.pop(b, None)
+                self.dropped.pop(b, None)
+            self.lowest = keep_from if self.vals else 2**62
+            return
+        self.vals = {b: v for b, v in self.vals.items() if b >= keep_from}
+        self.dropped = {b: n for b, n in self.dropped.items() if b >= keep_from}
+        self.lowest = min(self.vals, default=2**62)
 
 
 class SpikeEngine:

@@ -2,7 +2,10 @@
 beside a plain aiokafka consumer that only decodes the same messages, in the same run.
 
     python deploy/bench/throughput.py [--samples 2000000] [--single-messages 200000] [--profile]
-                                      [--case all|batched|single|clock]
+                                      [--case all|batched|single|clock|efficiency]
+
+``efficiency``: the spine alone (derive and the frames topic off) against the spine plus
+derive, frames on Kafka and the detectors run over those frames, alternating in each round.
 
 Needs a Kafka broker (FLOPWATCH_KAFKA_BOOTSTRAP, default 127.0.0.1:9092; deploy/kafka.sh start).
 Prints one JSON object with the figures; the README's performance section quotes them.
@@ -176,13 +179,101 @@ def clock_cost(base: Settings, samples: int, rounds: int, profile: bool = False)
             "cpu_per_round": [round(x, 3) for x in cpu_ratios]}
 
 
+async def frame_ends(settings: Settings) -> dict[int, int]:
+    """The frames topic's end offset per partition."""
+    from aiokafka import TopicPartition
+
+    topic = Topics(settings.topic_prefix).frames
+    consumer = AIOKafkaConsumer(**aiokafka_config(settings), enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(settings.partitions)]
+        ends = await consumer.end_offsets(tps)
+        return {tp.partition: off for tp, off in ends.items()}
+    finally:
+        await consumer.stop()
+
+
+async def detect_frames(settings: Settings, start: dict[int, int], end: dict[int, int]) -> tuple[float, int, int]:
+    """Seconds for the detection runtime to take the frames between ``start`` and ``end`` (reading them
+    included), and how many frames and alerts there were."""
+    from aiokafka import TopicPartition
+
+    from agents.detect import DetectRuntime
+
+    class NoHistory:
+        async def read(self, partition: int, since_ms: int, until_offset: int) -> list[bytes]:
+            return []
+
+    topic = Topics(settings.topic_prefix).frames
+    runtime = DetectRuntime(settings.detect_params(), settings.align_params().grid_ns, NoHistory(), [], None, topic)
+    consumer = AIOKafkaConsumer(**aiokafka_config(settings), enable_auto_commit=False)
+    await consumer.start()
+    alerts, left = 0, {p: end[p] - start[p] for p in end if end[p] > start[p]}
+    try:
+        tps = [TopicPartition(topic, p) for p in left]
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, start[tp.partition])
+        t0 = time.perf_counter()
+        while any(n > 0 for n in left.values()):
+            batch = await consumer.getmany(timeout_ms=1000)
+            for tp, records in batch.items():
+                for rec in records:
+                    if rec.offset < end[tp.partition]:
+                        alerts += len(await runtime.handle(rec.partition, rec.offset, rec.timestamp, rec.key,
+                                                           rec.value))
+                        left[tp.partition] -= 1
+        return time.perf_counter() - t0, runtime.stats.frames, alerts
+    finally:
+        await consumer.stop()
+
+
+def efficiency_cost(base: Settings, samples: int, rounds: int) -> dict[str, Any]:
+    """Spine alone vs spine + derive + frames topic + detection, on the same published data."""
+    tag = uuid.uuid4().hex[:6]
+    settings = base.replace(topic_prefix=f"be{tag}.", source_idle_s=0.5)
+    ensure_topics(settings)
+    spine_s: list[float] = []
+    full_s: list[float] = []
+    detect_s: list[float] = []
+    try:
+        pub = publish(settings, samples, 100)
+        for r in range(rounds):
+            variants = [("spine", False), ("full", True)]
+            for name, on in variants if r % 2 == 0 else variants[::-1]:
+                start = asyncio.run(frame_ends(settings))
+                with tempfile.TemporaryDirectory() as tmp:
+                    run = settings.replace(group_id=f"be{tag}-{r}-{name}", chdb_path=f"{tmp}/chdb", derive=on,
+                                           publish_frames=on)
+                    got = asyncio.run(full_path(run, pub["samples"], False))
+                assert got["samples"] == pub["samples"] and not got["rejects"], got
+                if on:
+                    secs, frames, _ = asyncio.run(detect_frames(run, start, asyncio.run(frame_ends(settings))))
+                    assert frames > 0
+                    detect_s.append(secs)
+                    full_s.append(got["seconds"] + secs)
+                else:
+                    spine_s.append(got["seconds"])
+    finally:
+        delete_topics(settings)
+    ratios = [sp / fu for sp, fu in zip(spine_s, full_s, strict=True)]
+    return {"case": "efficiency: spine + derive + frames topic + detection vs spine", "rounds": rounds,
+            "samples": pub["samples"],
+            "spine_samples_per_s": round(pub["samples"] / statistics.median(spine_s)),
+            "full_samples_per_s": round(pub["samples"] / statistics.median(full_s)),
+            "detect_seconds_median": round(statistics.median(detect_s), 3),
+            "full_over_spine": round(statistics.median(ratios), 3), "per_round": [round(x, 3) for x in ratios]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samples", type=int, default=2_000_000, help="samples for the batched case (100 per message)")
     ap.add_argument("--single-messages", type=int, default=200_000, help="messages for the single-sample case")
     ap.add_argument("--rounds", type=int, default=5, help="alternating plain/full measurements per case")
     ap.add_argument("--profile", action="store_true", help="cProfile the first full-path round (stderr)")
-    ap.add_argument("--case", choices=["all", "batched", "single", "clock"], default="all", help="which cases to run")
+    ap.add_argument("--case", choices=["all", "batched", "single", "clock", "efficiency"], default="all",
+                    help="which cases to run")
     args = ap.parse_args()
     base = load_settings()
     results = []
@@ -192,6 +283,8 @@ def main() -> None:
         results.append(run_case(base, "single-sample messages", args.single_messages, 1, args.profile, args.rounds))
     if args.case in ("all", "clock"):
         results.append(clock_cost(base, args.samples, args.rounds, args.profile))
+    if args.case in ("all", "efficiency"):
+        results.append(efficiency_cost(base, args.samples, args.rounds))
     print(json.dumps({"date": time.strftime("%Y-%m-%d"), "results": results}, indent=2))
 
 

@@ -365,3 +365,12 @@ def test_aiokafka_config_with_ssl_uses_the_tls_files(tmp_path: Path) -> None:
         aiokafka_config(kafka_settings("SASL_SSL", kafka_ssl_certfile=str(junk)))
     # The same files are not touched without SSL.
     assert "ssl_context" not in aiokafka_config(kafka_settings("SASL_PLAINTEXT", kafka_ssl_certfile=str(junk)))
+
+
+def test_detection_settings_reach_the_detectors_and_are_checked_at_load() -> None:
+    s = load_settings({"FLOPWATCH_DRIFT_DROP": "0.15", "FLOPWATCH_DRIFT_HOLD_S": "5", "FLOPWATCH_SPIKE_UTIL_PCT": "90"})
+    p = s.detect_params()
+    assert (p.drift.drop, p.drift.floor, p.drift.hold_ns) == (0.15, 0.10, 5_000_000_000)
+    assert p.spike_thresholds["gpu_util"] == 90.0
+    with pytest.raises(SettingsError, match="drift/spike settings"):
+        load_settings({"FLOPWATCH_DRIFT_DROP": "0.08"})  # below the never-alert floor

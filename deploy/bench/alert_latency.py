@@ -1,0 +1,108 @@
+"""Wall-clock latency of an efficiency alert in live input: from the last sample that completes the
+confirmation (the end of the confirming tick) to the alert on ``flopwatch.alerts``.
+
+    python deploy/bench/alert_latency.py [--seconds 150] [--nodes 4] [--gpus 2]
+
+Needs Kafka (FLOPWATCH_KAFKA_BOOTSTRAP; ``deploy/services.sh start``). The simulator publishes
+a steady cluster in real time with a 30 % drop of 10 s on one GPU every 12 s from 40 s on; a
+``flopwatch worker`` (Faust runtime: ingest service + detection agent, default settings, chDB)
+aligns, derives, publishes frames and detects; this script reads the alerts as they come.
+A tick closes once its node's watermark passes its end by the allowed lateness, so the
+figure that is flopwatch's own is the latency beyond that lateness. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Consumer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from agents.admin import delete_topics, ensure_topics
+from agents.settings import load_settings, settings_env
+from agents.simulator import SimulatorPublisher
+from agents.topics import Topics
+from schemas.alerts import decode_alert
+from streams.scenario import parse_scenario
+from streams.simulate import SimParams
+
+
+def scenario_text(nodes: int, gpus: int, seconds: float) -> str:
+    events, t, i = ["version = 1"], 40.0, 0
+    while t + 12 < seconds:
+        events.append(f'[[event]]\nkind = "efficiency_drop"\nnode = "node-{i // gpus % nodes:02d}"\n'
+                      f'gpu = "{i % gpus}"\nstart_s = {t:.1f}\nduration_s = 10.0\ndepth = 0.3')
+        t, i = t + 12.0, i + 1
+    return "\n".join(events)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=150.0)
+    ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--gpus", type=int, default=2)
+    args = ap.parse_args()
+    tag = uuid.uuid4().hex[:6]
+    tmp = tempfile.mkdtemp()
+    settings = load_settings(topic_prefix=f"al{tag}.", group_id=f"al{tag}", chdb_path=f"{tmp}/chdb")
+    ensure_topics(settings)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("FLOPWATCH_")}, **settings_env(settings)}
+    worker = subprocess.Popen([sys.executable, "-m", "agents.cli", "worker", "--progress", "none"], env=env,
+                              stderr=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[2])
+    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": f"al{tag}-read",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([Topics(settings.topic_prefix).alerts])
+    try:
+        time.sleep(10.0)  # the worker joins its groups
+        scenario = parse_scenario(scenario_text(args.nodes, args.gpus, args.seconds), "alert-latency")
+        params = SimParams(nodes=args.nodes, gpus=args.gpus, seed=3, start_ns=time.time_ns(), steady=True)
+        pub = SimulatorPublisher(settings, params, batch_size=100, scenario=scenario)
+        live = threading.Thread(target=pub.live, args=(args.seconds,))
+        live.start()
+        lat: list[float] = []
+        onsets: list[float] = []
+        want = {(t.node, t.gpu) for t in scenario.truth(params.start_ns)}
+        fired = set()
+        deadline = time.time() + args.seconds + 20
+        while time.time() < deadline:
+            m = consumer.poll(0.05)
+            if m is None or m.error():
+                continue
+            seen_ns = time.time_ns()
+            a = decode_alert(m.value() or b"")
+            if a.rule == "efficiency_drift" and a.state == "firing":
+                lat.append((seen_ns - a.ts_ns) / 1e9)
+                onsets.append((a.ts_ns - a.onset_ts_ns) / 1e9)
+                fired.add((a.node, a.gpu))
+        live.join()
+        lateness = settings.lateness_ms / 1000
+        lat.sort()
+        print(json.dumps({
+            "alerts": len(lat), "drops": len(scenario.events), "gpus_expected": len(want), "gpus_fired": len(fired),
+            "latency_median_s": round(statistics.median(lat), 3),
+            "latency_p95_s": round(lat[int(0.95 * (len(lat) - 1))], 3),
+            "latency_max_s": round(lat[-1], 3), "allowed_lateness_s": lateness,
+            "beyond_lateness_median_s": round(statistics.median(lat) - lateness, 3),
+            "beyond_lateness_max_s": round(lat[-1] - lateness, 3),
+            "event_time_onset_to_alert_median_s": round(statistics.median(onsets), 3),
+            "nodes": args.nodes, "gpus": args.gpus, "seconds": args.seconds}))
+    finally:
+        consumer.close()
+        worker.terminate()
+        worker.wait(60)
+        delete_topics(settings)
+
+
+if __name__ == "__main__":
+    main()
