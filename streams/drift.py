@@ -100,7 +100,6 @@ O(log N), O(run) while a run is deep enough to be judged.
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import OrderedDict, deque
 from collections.abc import Mapping
@@ -108,11 +107,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from streams.change import ChangeDetector, make_detector
+from streams.drift_alert import OpenAlert
+from streams.drift_baseline import Baseline
+from streams.drift_run import Run
 
 Evidence = Mapping[str, float | int | str]
-_HALF_PI = math.pi / 2
-_SQRT2 = math.sqrt(2.0)
-
 
 @dataclass(frozen=True, slots=True)
 class DriftParams:
@@ -189,15 +188,6 @@ def _detector(p: DriftParams) -> ChangeDetector:
     return make_detector("page_hinkley", delta=p.ph_delta, threshold=p.ph_threshold, min_instances=p.ph_min_instances)
 
 
-def _median(s: list[float]) -> float:
-    n = len(s)
-    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
-
-
-def _clip01(x: float) -> float:
-    return 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
-
-
 @dataclass(frozen=True, slots=True)
 class DriftEvent:
     state: Literal["firing", "resolved"]
@@ -209,56 +199,31 @@ class DriftEvent:
     evidence: Evidence = field(default_factory=dict)
 
 
-@dataclass(slots=True)
-class _Alert:
-    onset_ns: int
-    baseline: float
-    threshold: float
-    value: float  # last value seen while open
-    level_ns: int  # where the new level starts (onset, or River's latest firing)
-    level: deque[float]  # accepted-quality values since level_ns (bounded)
-    up_ns: int | None = None  # first tick of a run back up
-    up_last_ns: int | None = None  # last tick of that run that was up
-
-
-Tick = tuple[int, float, bool]  # (tick_ns, value, suspect)
-
-
 class EfficiencyDrift:
     """Drift state of one GPU (see the module docstring for the rules)."""
 
     def __init__(self, params: DriftParams, grid_ns: int) -> None:
         self.params, self.grid_ns = params, grid_ns
-        self._cap, self._need = params.sizes(grid_ns)
+        self._base = Baseline(*params.sizes(grid_ns))
         self._context: str | None = None
         self._last_ns: int | None = None  # newest tick taken
         self._valued_ns: int | None = None  # newest tick with a value
         self._prev: tuple[int, float] | None = None  # newest valued tick before the current one, and its value
-        self._base: deque[float] = deque(maxlen=self._cap)
-        self._sorted: list[float] = []  # the same values, sorted, for an O(1) median and quartiles
         self._det = _detector(params)
-        self._run: list[Tick] = []  # open run: its first low tick .. its last low tick
-        self._pending: list[Tick] = []  # high ticks after the run's last low one (bridged if a low one follows)
-        self._inner: list[float] = []  # values of _run[1:-1], sorted (the level)
-        self._run_prev: float | None = None  # value of the tick just before the run's first, if valued
-        self._run_river_ns: int | None = None
+        self._run = Run()
         self._river_ns: int | None = None  # River's latest firing (any tick)
-        self._alert: _Alert | None = None
+        self._alert: OpenAlert | None = None
         self.ignored = 0  # ticks not newer than the last one
 
     @property
     def baseline(self) -> float | None:
         """The current baseline, or None while fewer than ``min_baseline_ns`` of values are held."""
-        return None if len(self._sorted) < self._need else _median(self._sorted)
+        return self._base.value
 
     @property
     def noise(self) -> float | None:
         """Per-tick noise relative to the baseline (interquartile range / 1.349 / median), or None."""
-        s, n = self._sorted, len(self._sorted)
-        base = self.baseline
-        if base is None or base <= 0:
-            return None
-        return (s[(3 * n) // 4] - s[n // 4]) / 1.349 / base
+        return self._base.noise
 
     def update(self, tick_ns: int, value: float | None, context: str, suspect: bool = False) -> list[DriftEvent]:
         if self._last_ns is not None and tick_ns <= self._last_ns:
@@ -282,7 +247,7 @@ class EfficiencyDrift:
         base = self._alert.baseline if self._alert is not None else self.baseline
         if base is None or base <= 0:  # learning (a zero baseline cannot drop further)
             if not suspect:
-                self._accept(value)
+                self._base.accept(value)
             return out
         river = self._det.update(value / base)
         if river:
@@ -290,150 +255,58 @@ class EfficiencyDrift:
         if self._alert is not None:
             return out + self._while_open(tick_ns, value, suspect, river)
         low = value < base * (1 - self.params.low)
-        if not self._run:
+        run = self._run
+        if not run:
             if not low:
                 if not suspect:
-                    self._accept(value)
+                    self._base.accept(value)
                 return out
-            self._run_prev = prev[1] if prev is not None and prev[0] == tick_ns - self.grid_ns else None
-        if river and self._run_river_ns is None:
-            self._run_river_ns = tick_ns
+            run.prev = prev[1] if prev is not None and prev[0] == tick_ns - self.grid_ns else None
+        if river and run.river_ns is None:
+            run.river_ns = tick_ns
         tick = (tick_ns, value, suspect)
         if not low:
-            self._pending.append(tick)
-            if tick_ns - self._run[-1][0] > self.params.max_gap_ns:
+            run.pending.append(tick)
+            if tick_ns - run.ticks[-1][0] > self.params.max_gap_ns:
                 self._end_run()
         else:
-            if len(self._run) >= 2:
-                bisect.insort(self._inner, self._run[-1][1])
-            for p in self._pending:
-                bisect.insort(self._inner, p[1])
-            self._run += self._pending
-            self._pending = []
-            self._run.append(tick)
+            run.add_low(tick)
             ev = self._confirm(base, tick_ns, value)
             if ev is not None:
                 return [*out, ev]
-        if self._run and tick_ns + self.grid_ns - self._run[0][0] > self.params.run_limit_ns:
+        if run and tick_ns + self.grid_ns - run.ticks[0][0] > self.params.run_limit_ns:
             self._end_run()
         return out
 
     def _confirm(self, base: float, tick_ns: int, value: float) -> DriftEvent | None:
         """The firing event if the open run, whose last low tick is the current one, is confirmed."""
-        p, g = self.params, self.grid_ns
         sigma = self.noise
         if sigma is None:
             return None
-        run, prev, inner = self._run, self._run_prev, self._inner
-        level = _median(inner) if inner else _median(sorted(v for _, v, _ in run))
-        if self._depth_test(base, level, len(inner) or len(run), sigma) is None:
+        c = self._run.judge(self.params, self.grid_ns, base, sigma, len(self._base), tick_ns, value, self._river_ns)
+        if c is None:
             return None
-        # A run can open on noise shortly before a drop (or a dip) and bridge into it. The drop starts where
-        # the suffix sum of (midpoint - value) is largest (the CUSUM change point): judge from there.
-        midpoint = (base + level) / 2
-        acc, best, start = 0.0, -math.inf, 0
-        for j in range(len(run) - 1, -1, -1):
-            acc += midpoint - run[j][1]
-            if acc >= best:
-                best, start = acc, j
-        head = run[:start]
-        if start:
-            prev = head[-1][1] if head[-1][0] == run[start][0] - g else None
-            run = run[start:]
-            inner = sorted(v for _, v, _ in run[1:-1])
-            level = _median(inner) if inner else _median(sorted(v for _, v, _ in run))
-        n = len(inner) or len(run)
-        test = self._depth_test(base, level, n, sigma)
-        if test is None:
-            return None
-        depth, need = test
-        drop_abs = base - level
-        edge = sigma / depth  # the error of one tick's dropped fraction
-        # edge_z errors of the duration while they fit in max_tolerance_ns, tapering to none at twice that:
-        # edges that blurred cannot tell a 3 s drop from a shorter dip, and then no dip gets the benefit.
-        spread = p.edge_z * g * edge * _SQRT2
-        tolerance = max(0.0, min(spread, 2.0 * p.max_tolerance_ns - spread))
-        first_ns, first_v, _ = run[0]
-        if tick_ns + g - first_ns + (g if prev is not None else 0) < p.hold_ns - tolerance:
-            return None  # too short whatever the fractions are
-        # A fraction within edge_z errors of 0 is taken as 0: noise on an untouched tick next to the run (or a
-        # noise-low tick that ends it) must not lengthen it. Near 1 the clip already errs short.
-        zero = min(p.edge_z * edge, 0.5)
-
-        def frac(v: float) -> float:
-            r = (base - v) / drop_abs
-            return 0.0 if r <= zero else 1.0 if r >= 1.0 else r
-
-        # An inner tick counts as fully dropped unless it is clearly not (a bridged high tick, or the partial
-        # last tick of a dip that a noisy tick after it extended): then only its dropped fraction counts. When
-        # the first tick looks full, the tick before it (not in the run, or cut off it) may hold the onset.
-        full = 1.0 - p.edge_z * edge
-        onset_est = first_ns + g * (1.0 - frac(first_v))
-        if prev is not None and (base - first_v) / drop_abs >= full:
-            onset_est -= g * frac(prev)
-        end_est = tick_ns + g * frac(value)
-        undropped = 0.0
-        for _, v, _ in run[1:-1]:
-            if (base - v) / drop_abs < full:
-                undropped += 1.0 - frac(v)
-        held_est = end_est - onset_est - g * undropped
-        if held_est < p.hold_ns - tolerance:
-            return None
-        onset = first_ns
-        evidence: dict[str, float | int | str] = {
-            "held_ns": tick_ns + g - onset, "held_estimate_ns": round(held_est), "onset_estimate_ns": round(onset_est),
-            "tolerance_ns": round(tolerance), "ticks_below": sum(v < base * (1 - p.low) for _, v, _ in run),
-            "level": level, "depth": depth, "depth_needed": need, "noise": sigma, "detector": p.detector}
-        river_in = self._run_river_ns if self._run_river_ns is not None and self._run_river_ns >= onset else None
-        if river_in is not None:
-            evidence["river_onset_ns"] = river_in
-        if self._river_ns is not None and self._river_ns >= onset - p.baseline_ns:
-            evidence["river_last_ns"] = self._river_ns  # it may have seen the change before the run began
-        level_ns = onset if river_in is None else river_in
-        new_level = deque((v for t, v, s in run if t >= level_ns and not s), maxlen=self._cap)
-        threshold = base * (1 - p.drop)
-        for _, v, s in head:  # the cut head was noise: it teaches the baseline (which thaws after the alert)
-            if not s:
-                self._accept(v)
-        self._alert = _Alert(onset, base, threshold, value, level_ns, new_level)
-        self._clear_run()
-        return DriftEvent("firing", onset, tick_ns, value, base, threshold, evidence)
-
-    def _depth_test(self, base: float, level: float, n: int, sigma: float) -> tuple[float, float] | None:
-        """(depth, depth needed) if a run level from ``n`` ticks is deep enough, else None."""
-        p = self.params
-        depth = (base - level) / base
-        se = sigma * math.sqrt((_HALF_PI if n > 2 else 1.0) / n + _HALF_PI / len(self._sorted))
-        need = max(p.mid, p.floor + p.confidence_z * se)
-        return (depth, need) if depth >= need and depth > 0 else None
+        threshold = base * (1 - self.params.drop)
+        for v in c.head:  # the cut head was noise: it teaches the baseline (which thaws after the alert)
+            self._base.accept(v)
+        self._alert = OpenAlert(c.onset_ns, base, threshold, value, c.level_ns, deque(c.level, maxlen=self._base.cap))
+        self._run.clear()
+        return DriftEvent("firing", c.onset_ns, tick_ns, value, base, threshold, c.evidence)
 
     def _while_open(self, tick_ns: int, value: float, suspect: bool, river: bool) -> list[DriftEvent]:
         a = self._alert
         assert a is not None
-        a.value = value
-        if river:  # River saw the level move again: the new level starts here
-            a.level_ns = tick_ns
-            a.level.clear()
-        if not suspect:
-            a.level.append(value)
-        end = tick_ns + self.grid_ns
-        if value >= a.baseline * (1 - self.params.low):
-            a.up_ns = tick_ns if a.up_ns is None else a.up_ns
-            a.up_last_ns = tick_ns
-            if end - a.up_ns >= self.params.hold_ns:
-                ev = self._resolve(tick_ns, value, {"reason": "recovered", "held_ns": end - a.up_ns,
-                                                    "open_ns": end - a.onset_ns})
-                self._det.reset()  # its history holds the drop; the old baseline thaws instead
-                return [ev]
-        elif a.up_last_ns is not None and tick_ns - a.up_last_ns > self.params.max_gap_ns:
-            a.up_ns = a.up_last_ns = None
-        if end - a.onset_ns >= self.params.baseline_ns and len(a.level) >= self._need:
-            self._set_base(list(a.level))
-            ev = self._resolve(tick_ns, value, {"reason": "new_baseline", "open_ns": end - a.onset_ns,
-                                                "level_ns": a.level_ns, "new_baseline": _median(self._sorted)})
-            self._det.reset()  # it measured ratios to the old baseline
-            return [ev]
-        return []
+        evidence = a.observe(tick_ns, value, suspect, river, self.params, self.grid_ns, self._base.need)
+        if evidence is None:
+            return []
+        if evidence["reason"] == "new_baseline":  # a permanent shift: the new level becomes the baseline
+            self._base.reset(a.level)
+            evidence["new_baseline"] = self._base.median()
+        # River is reset either way: after a recovery its history holds the drop (the old baseline thaws
+        # instead); after a new baseline it measured ratios to the old one.
+        ev = self._resolve(tick_ns, value, evidence)
+        self._det.reset()
+        return [ev]
 
     def _resolve(self, tick_ns: int, value: float, evidence: dict[str, float | int | str]) -> DriftEvent:
         a = self._alert
@@ -443,36 +316,21 @@ class EfficiencyDrift:
 
     def _end_run(self) -> None:
         """An unconfirmed run ends: its values were noise, a dip or a shallow shift, and teach the baseline."""
-        for _, v, s in self._run + self._pending:
+        for _, v, s in self._run.drain():
             if not s:
-                self._accept(v)
-        self._clear_run()
-
-    def _clear_run(self) -> None:
-        self._run, self._pending, self._inner = [], [], []
-        self._run_prev, self._run_river_ns = None, None
+                self._base.accept(v)
 
     def _learn_from_scratch(self, context: str) -> None:
         self._context = context
-        self._set_base([])
-        self._clear_run()
+        self._base.reset([])
+        self._run.clear()
         self._prev, self._river_ns, self._alert = None, None, None
         self._det.reset()
 
-    def _accept(self, value: float) -> None:
-        if len(self._base) == self._cap:
-            old = self._base[0]
-            del self._sorted[bisect.bisect_left(self._sorted, old)]
-        self._base.append(value)
-        bisect.insort(self._sorted, value)
-
-    def _set_base(self, values: list[float]) -> None:
-        self._base = deque(values, maxlen=self._cap)
-        self._sorted = sorted(self._base)
-
     def buffer_lengths(self) -> dict[str, int]:
         """How many values each buffer holds (for checking that memory stays bounded)."""
-        return {"baseline": len(self._base), "sorted": len(self._sorted), "run": len(self._run) + len(self._pending),
+        base, sorted_ = self._base.lengths()
+        return {"baseline": base, "sorted": sorted_, "run": len(self._run),
                 "level": 0 if self._alert is None else len(self._alert.level)}
 
     def snapshot(self) -> dict[str, Any]:
@@ -480,13 +338,8 @@ class EfficiencyDrift:
         return {
             "context": self._context, "last_ns": self._last_ns, "valued_ns": self._valued_ns,
             "prev": None if self._prev is None else list(self._prev),
-            "base": list(self._base), "run": [list(r) for r in self._run], "pending": [list(r) for r in self._pending],
-            "run_prev": self._run_prev, "run_river_ns": self._run_river_ns,
-            "river_ns": self._river_ns,
-            "alert": None if a is None else {"onset_ns": a.onset_ns, "baseline": a.baseline,
-                                             "threshold": a.threshold, "value": a.value, "level_ns": a.level_ns,
-                                             "level": list(a.level), "up_ns": a.up_ns, "up_last_ns": a.up_last_ns},
-            "detector": self._det.snapshot(), "ignored": self.ignored,
+            "base": self._base.values(), **self._run.snapshot(), "river_ns": self._river_ns,
+            "alert": None if a is None else a.snapshot(), "detector": self._det.snapshot(), "ignored": self.ignored,
         }
 
     @classmethod
@@ -495,17 +348,10 @@ class EfficiencyDrift:
         d._context, d._last_ns, d._valued_ns = snap["context"], snap["last_ns"], snap["valued_ns"]
         prev = snap["prev"]
         d._prev = None if prev is None else (int(prev[0]), float(prev[1]))
-        d._set_base([float(v) for v in snap["base"]])
-        d._run = [(int(t), float(v), bool(s)) for t, v, s in snap["run"]]
-        d._pending = [(int(t), float(v), bool(s)) for t, v, s in snap["pending"]]
-        d._inner = sorted(v for _, v, _ in d._run[1:-1])
-        d._run_prev = None if snap["run_prev"] is None else float(snap["run_prev"])
-        d._run_river_ns, d._river_ns = snap["run_river_ns"], snap["river_ns"]
+        d._base.reset(float(v) for v in snap["base"])
+        d._run, d._river_ns = Run.restore(snap), snap["river_ns"]
         a = snap["alert"]
-        if a is not None:
-            d._alert = _Alert(int(a["onset_ns"]), float(a["baseline"]), float(a["threshold"]), float(a["value"]),
-                              int(a["level_ns"]), deque((float(v) for v in a["level"]), maxlen=d._cap), a["up_ns"],
-                              a["up_last_ns"])
+        d._alert = None if a is None else OpenAlert.restore(a, d._base.cap)
         d._det.load(snap["detector"])
         d.ignored = int(snap["ignored"])
         return d
