@@ -19,7 +19,16 @@ inside 60% load is two samples, which a 1 s mean already halves and a 60 s mean 
   So read a tick's peak before feeding a series more than ``horizon_ns`` past it (the
   pipeline reads each tick as it closes).
 - ``add`` groups by bucket with numpy for large calls; calls of a few samples (one
-  message, ~10 at 10 Hz) take a plain loop, cheaper than numpy's per-call overhead.
+  message, ~10 at 10 Hz) take a plain loop, cheaper than numpy's per-call overhead. A
+  large call of one sample per new bucket (10 Hz into 100 ms buckets) is stored in one go.
+- ``tick_peak`` evaluates, with numpy, the windows of the asked tick and of the following
+  ticks whose windows end by the series' newest bucket (up to ``_AHEAD`` ticks: a 10 s
+  message closes ~10 ticks at once), and caches those ticks' peaks. An ``add`` that reaches
+  a bucket a cached window reads drops the cache, and a purge (``release``,
+  ``evict_before``, the horizon) invalidates the ticks whose windows read a purged bucket,
+  so a cached peak is always the one the state would give now. Only a lone tick (nothing
+  to read ahead) takes the plain sliding loop. Both evaluations live in
+  streams/spike_windows.py; this module owns the storage, the mirror and the cache.
 
 Arrival order does not matter: buckets hold multisets, and the top K of a multiset is
 the same in any order.
@@ -36,8 +45,6 @@ True
 
 from __future__ import annotations
 
-import bisect
-import math
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,10 +54,19 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+# quantile_of_top is re-exported: it lived here before the evaluation moved to spike_windows.
+from streams.spike_windows import WindowQuantiles, quantile_of_top
+
+__all__ = ["SPIKE_THRESHOLDS", "SpikeEngine", "SpikeParams", "quantile_of_top", "spike_flags"]
+
 SPIKE_THRESHOLDS: Final[Mapping[str, float]] = MappingProxyType({"gpu_util": 95.0, "sm_active": 0.95})
 
 Key = tuple[str, str, str]  # node, gpu, sensor
 _SMALL: Final = 32  # calls with at most this many samples take the plain-loop path
+_AHEAD: Final = 64  # tick_peak evaluates at most this many ticks in one go (and caches them)
+_BIG: Final = 1e300  # values beyond this (or inf) are not mirrored: numpy would warn where Python does not
+_NO_B: Final = np.zeros(0, np.int64)
+_NO_V: Final = np.zeros(0, np.float64)
 
 
 def spike_flags(peak: float | None, threshold: float) -> bool:
@@ -87,22 +103,66 @@ class SpikeParams:
 
 
 class _Series:
-    __slots__ = ("dropped", "lowest", "newest", "vals")
+    __slots__ = ("cache", "cache_hi", "cut", "dropped", "lowest", "m_b", "m_chunks", "m_from", "m_last", "m_pb",
+                 "m_pv", "m_v", "newest", "vals")
 
     def __init__(self) -> None:
         self.vals: dict[int, list[float]] = {}  # bucket -> kept values (the largest when truncated)
         self.dropped: dict[int, int] = {}  # bucket -> values not kept
-        self.newest = -(2**62)  # newest bucket seen
+        self.newest = -(2**62)  # newest bucket seen (an upper bound of every bucket held)
         self.lowest = 2**62  # a lower bound of the oldest bucket held
+        # tick_ns -> (peak, first bucket its windows read); valid while that bucket >= cut
+        self.cache: dict[int, tuple[float | None, int]] = {}
+        self.cache_hi = -(2**62)  # the last bucket a cached window reads
+        self.cut = -(2**62)  # buckets below this have been purged
+        # The mirror: the values of every bucket >= m_from, as numpy (bucket, value) arrays in
+        # bucket order (m_b, m_v, then the chunks m_chunks, then the lists m_pb, m_pv), fed by
+        # the in-order appends; anything else that changes a bucket >= m_from resets it.
+        self.m_b: npt.NDArray[np.int64] = _NO_B
+        self.m_v: npt.NDArray[np.float64] = _NO_V
+        self.m_chunks: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] = []
+        self.m_pb: list[int] = []
+        self.m_pv: list[float] = []
+        self.m_from = self.newest + 1  # (no bucket held yet)
+        self.m_last = self.newest  # the last bucket in the mirror (or m_from - 1)
+
+    def touch(self, low_bucket: int) -> None:
+        """Buckets from ``low_bucket`` up change: drop the cached peaks if a window reads one."""
+        if low_bucket <= self.cache_hi:
+            self.cache = {}
+            self.cache_hi = -(2**62)
+
+    def unmirror(self) -> None:
+        """A bucket changed outside the mirror: restart it past every bucket held."""
+        self.m_b, self.m_v, self.m_chunks, self.m_pb, self.m_pv = _NO_B, _NO_V, [], [], []
+        self.m_from, self.m_last = self.newest + 1, self.newest
+
+    def mirrored(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        if self.m_pb:
+            self.m_chunks.append((np.array(self.m_pb, np.int64), np.array(self.m_pv, np.float64)))
+            self.m_pb, self.m_pv = [], []
+        if self.m_chunks:
+            drop = int(np.searchsorted(self.m_b, self.m_from))  # trim what purges released
+            self.m_b = np.concatenate([self.m_b[drop:], *(c[0] for c in self.m_chunks)])
+            self.m_v = np.concatenate([self.m_v[drop:], *(c[1] for c in self.m_chunks)])
+            self.m_chunks = []
+        return self.m_b, self.m_v
 
     def purge(self, keep_from: int) -> None:
         if self.lowest >= keep_from:
             return
+        if keep_from > self.cut:
+            self.cut = keep_from
+        if keep_from > self.m_from:
+            self.m_from = keep_from
         if keep_from - self.lowest <= 64:
             # The usual case (a tick closing releases ~10 buckets): pop the few, don't rebuild.
+            pop = self.vals.pop
             for b in range(self.lowest, keep_from):
-                self.vals.pop(b, None)
-                self.dropped.pop(b, None)
+                pop(b, None)
+            if self.dropped:
+                for b in range(self.lowest, keep_from):
+                    self.dropped.pop(b, None)
             self.lowest = keep_from if self.vals else 2**62
             return
         self.vals = {b: v for b, v in self.vals.items() if b >= keep_from}
@@ -119,11 +179,11 @@ class SpikeEngine:
         self.params, self.grid_ns = params, grid_ns
         self._nb = params.window_ns // params.bucket_ns
         self._keep = params.horizon_ns // params.bucket_ns
-        self._positions: dict[int, tuple[int, int, float]] = {}  # window size -> _positions(n, q)
         self._series: OrderedDict[Key, _Series] = OrderedDict()
         self._floor = -(2**62)  # buckets below this are closed (evict_before)
         self.late_samples = 0  # samples for buckets already dropped
         self.evicted_series = 0
+        self._wq = WindowQuantiles(self._nb, params.max_per_bucket, params.quantile)
 
     def add(self, node: str, gpu: str, sensor: str, ts_ns: npt.NDArray[np.int64],
             values: npt.NDArray[np.float64]) -> None:
@@ -150,34 +210,80 @@ class SpikeEngine:
             s.purge(s.newest - self._keep)
 
     def _add_many(self, s: _Series, ts: npt.NDArray[np.int64], vs: npt.NDArray[np.float64]) -> None:
-        ok = ~np.isnan(vs)
-        if not ok.all():
+        v_min = float(vs.min())  # NaN when any value is
+        if v_min != v_min:
+            ok = ~np.isnan(vs)
             ts, vs = ts[ok], vs[ok]
             if ts.size == 0:
                 return
+            v_min = float(vs.min())
         b = ts // self.params.bucket_ns
-        s.newest = max(s.newest, int(b.max()))
+        step = b[1:] - b[:-1]
+        rising = bool((step > 0).all())
+        b_min, b_max = (int(b[0]), int(b[-1])) if rising else (int(b.min()), int(b.max()))
+        newest_before = s.newest
+        s.newest = max(s.newest, b_max)
         low = max(self._floor, s.newest - self._keep)
-        if int(b.min()) < low:
+        if b_min < low:
             fresh = b >= low
             self.late_samples += int(b.size - np.count_nonzero(fresh))
             b, vs = b[fresh], vs[fresh]
             if b.size == 0:
                 return
-        if bool((b[1:] < b[:-1]).any()):  # group by bucket: a stable sort only when out of order
+            b_min = int(b.min())
+            step = b[1:] - b[:-1]
+            rising = bool((step > 0).all())
+        s.touch(b_min)
+        if rising:  # one sample per bucket, in order (10 Hz into 100 ms buckets)
+            bl, vl = b.tolist(), vs.tolist()
+            if bl[0] > newest_before:  # all new buckets: store them in one go, and mirror them
+                s.vals.update(zip(bl, [[v] for v in vl], strict=True))
+                self._mirror(s, b, vs, v_min)
+            else:
+                if bl[-1] >= s.m_from:
+                    s.unmirror()
+                get, cap = s.vals.get, self.params.max_per_bucket
+                for bucket, v in zip(bl, vl, strict=True):
+                    kept = get(bucket)
+                    if kept is None:
+                        s.vals[bucket] = [v]
+                    elif len(kept) < cap:
+                        kept.append(v)
+                    else:
+                        self._put(s, bucket, [v])
+            s.lowest = min(s.lowest, bl[0])
+            return
+        if bool((step < 0).any()):  # group by bucket: a stable sort only when out of order
             order = np.argsort(b, kind="stable")
             b, vs = b[order], vs[order]
         starts = [0, *(np.flatnonzero(b[1:] != b[:-1]) + 1).tolist()]
         bl, vl = b[starts].tolist(), vs.tolist()
+        truncated = len(s.dropped)
         for bucket, i, j in zip(bl, starts, [*starts[1:], len(vl)], strict=True):
             self._put(s, bucket, vl[i:j])
+        if bl[0] > newest_before and len(s.dropped) == truncated:  # new buckets, none truncated
+            self._mirror(s, b, vs, v_min)
+        elif bl[-1] >= s.m_from:
+            s.unmirror()
         s.lowest = min(s.lowest, bl[0])
+
+    def _mirror(self, s: _Series, b: npt.NDArray[np.int64], vs: npt.NDArray[np.float64], v_min: float) -> None:
+        """Append new buckets (all past every bucket held), in order, to the mirror (or reset it);
+        ``v_min`` is at most the lowest value."""
+        if v_min > -_BIG and float(vs.max()) < _BIG:
+            s.m_chunks.append((b, vs))
+            s.m_last = int(b[-1])
+            if len(s.m_chunks) > 32:  # a series nobody reads: keep the mirror bounded (trimmed as purged)
+                s.mirrored()
+        else:
+            s.unmirror()
 
     def _add_few(self, s: _Series, tl: list[int], vl: list[float]) -> None:
         # Per-message calls carry ~10 samples (10 Hz, 1 s): numpy's per-call overhead
         # would cost more than a plain loop, so small calls take this path.
         bns = self.params.bucket_ns
         s.newest = max(s.newest, max(tl) // bns)
+        s.touch(min(tl) // bns)
         low = max(self._floor, s.newest - self._keep)
         for t, v in zip(tl, vl, strict=True):
             if v != v:  # NaN
@@ -194,6 +300,18 @@ class SpikeEngine:
                 kept.append(v)
             else:
                 self._put(s, b, [v])
+                if b >= s.m_from:
+                    s.unmirror()
+                continue
+            if b >= s.m_from:
+                if b >= s.m_last and -_BIG < v < _BIG:  # in order: mirror it
+                    s.m_pb.append(b)
+                    s.m_pv.append(v)
+                    s.m_last = b
+                    if len(s.m_pb) > 4_096:
+                        s.mirrored()
+                else:
+                    s.unmirror()
 
     def _put(self, s: _Series, bucket: int, new: list[float]) -> None:
         kept = s.vals.get(bucket)
@@ -213,41 +331,23 @@ class SpikeEngine:
         s = self._series.get((node, gpu, sensor))
         if s is None:
             return None
-        bns, nb, q, pos = self.params.bucket_ns, self._nb, self.params.quantile, self._positions
+        got = s.cache.get(tick_ns)
+        if got is not None and got[1] >= s.cut:
+            return got[0]
+        bns, grid = self.params.bucket_ns, self.grid_ns
+        # The ticks from this one whose windows end by the newest bucket (their peaks will not
+        # change unless older samples come): evaluate them together, from the mirror.
+        ahead = min(((s.newest + 2) * bns - tick_ns) // grid, _AHEAD)
         first = -(-tick_ns // bns)  # boundaries j * bucket_ns inside the tick
-        last = -(-(tick_ns + self.grid_ns) // bns) - 1
-        vals, dropped = s.vals, s.dropped
-        span = range(first - nb, last)
-        got = [vals.get(k) for k in span]
-        lost = [dropped.get(k, 0) for k in span] if dropped else [0] * len(span)
-        # The window ending at bucket j covers buckets j - nb .. j - 1: slide one sorted
-        # list along, taking the leaving bucket out and the entering one in.
-        win = sorted(v for kept in got[:nb] if kept for v in kept)
-        missing = sum(lost[:nb])
-        best: float | None = None
-        for i in range(last - first + 1):
-            if i:
-                out, into = got[i - 1], got[i - 1 + nb]
-                if out:
-                    for v in out:
-                        del win[bisect.bisect_left(win, v)]
-                if into:
-                    for v in into:
-                        bisect.insort(win, v)
-                missing += lost[i - 1 + nb] - lost[i - 1]
-            if win:
-                n = len(win) + missing
-                at = pos.get(n)
-                if at is None:
-                    at = _positions(n, q)
-                    if len(pos) < 4_096:
-                        pos[n] = at
-                lo, hi, g = at
-                a, b = win[max(lo - missing, 0)], win[max(hi - missing, 0)]
-                # quantile_of_top, inlined (this loop is the hot path): numpy's _lerp to the bit
-                x = b - (b - a) * (1 - g) if g >= 0.5 else a + (b - a) * g
-                best = x if best is None or x > best else best
-        return best
+        if ahead >= 2 and first - self._nb >= s.m_from:
+            ends = [-(-(tick_ns + k * grid) // bns) for k in range(ahead + 1)]  # tick k: ends[k] .. ends[k+1]-1
+            mb, mv = s.mirrored()
+            peaks = self._wq.peaks_ahead(mb, mv, ends)
+            if peaks is not None:  # cache them, each valid while the first bucket its windows read is held
+                s.cache = {tick_ns + k * grid: (peak, ends[k] - self._nb) for k, peak in enumerate(peaks)}
+                s.cache_hi = ends[len(peaks)] - 2  # the last bucket a cached window reads
+                return peaks[0]
+        return self._wq.peak_one(s.vals, s.dropped, first, -(-(tick_ns + grid) // bns) - 1)
 
     def release(self, node: str, gpu: str, sensor: str, tick_ns: int) -> None:
         """The series' ticks up to ``tick_ns`` are closed: drop the buckets no later window reads."""
@@ -289,6 +389,7 @@ class SpikeEngine:
         for node, gpu, sensor, newest, buckets in snap["series"]:
             s = eng._series[(node, gpu, sensor)] = _Series()
             s.newest = int(newest)
+            s.unmirror()  # nothing mirrored: the mirror starts past the buckets restored
             for b, v, n in buckets:
                 s.vals[int(b)] = [float(x) for x in v]
                 if n:
@@ -296,24 +397,3 @@ class SpikeEngine:
             s.lowest = min(s.vals, default=2**62)
         return eng
 
-
-def _positions(n: int, q: float) -> tuple[int, int, float]:
-    """numpy's linear method: the two order statistics (ascending, 0-based) and the weight."""
-    v = (n - 1) * q
-    lo = math.floor(v)
-    if v >= n - 1:
-        return n - 1, n - 1, v - lo
-    return lo, lo + 1, v - lo
-
-
-def quantile_of_top(kept: list[float], n: int, q: float) -> float:
-    """numpy's linear quantile of ``n`` values whose largest ``len(kept)`` are ``kept`` (ascending).
-
-    >>> xs = [3.0, 1.0, 4.0, 1.5, 9.0, 2.6]
-    >>> quantile_of_top(sorted(xs), len(xs), 0.99) == float(np.quantile(xs, 0.99))
-    True
-    """
-    lo, hi, g = _positions(n, q)
-    missing = n - len(kept)
-    a, b = kept[max(lo - missing, 0)], kept[max(hi - missing, 0)]
-    return b - (b - a) * (1 - g) if g >= 0.5 else a + (b - a) * g

@@ -21,11 +21,21 @@ Engine false flags: flagged ticks among those no spike can reach.
 Throughput: add + tick_peak over the same arrays and call pattern as ``np.sum`` of each
 call's values (the baseline, timed in the same run), and add alone with 10 s per call.
 Prints a table and one JSON line.
+
+    python deploy/bench/spikes.py --pipeline [--gpus 64] [--minutes 10] [--compare OLD.py ...]
+
+``--pipeline`` times the enricher's real call pattern instead: gpu_util and sm_active per
+GPU, one ``add`` per 10 s message (100 samples), then the ticks that close (up to 2 s
+behind the newest message) read in order per series with ``tick_peak`` + ``release``, and
+``evict_before`` per batch. ``--compare`` runs other implementations of ``streams/spikes.py``
+(e.g. ``git show HEAD:streams/spikes.py > /tmp/old.py``) on the same feed in the same run,
+checks their peaks are bit-identical and reports samples/s of each.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import time
@@ -62,16 +72,90 @@ def gpu_load(rng: np.random.Generator, minutes: int, background: tuple[float, fl
     return ts, np.clip(vs, 0.0, 100.0), spikes, backgrounds.tolist()
 
 
+def load_engine(path: str) -> Any:
+    """The ``SpikeEngine`` class of a copy of streams/spikes.py at ``path``."""
+    spec = importlib.util.spec_from_file_location(f"spikes_{abs(hash(path))}", path)
+    assert spec is not None and spec.loader is not None, path
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(mod)
+    return mod.SpikeEngine
+
+
+def pipeline(engine_cls: Any, loads: list[tuple[Load, Load]], seconds: int, message_s: int = 10,
+             lag_s: int = 2) -> tuple[float, list[float | None]]:
+    """Seconds the enricher's call pattern takes, and the peaks read (in call order)."""
+    eng = engine_cls(SpikeParams(), S)
+    cuts = [[np.searchsorted(ld[0], np.arange(0, seconds + message_s, message_s, dtype=np.int64) * S)
+             for ld in pair] for pair in loads]
+    names = ("gpu_util", "sm_active")
+    gpus = [str(g) for g in range(len(loads))]
+    peaks: list[float | None] = []
+    closed = 0  # ticks below this are read
+    t0 = time.perf_counter()
+    for m in range(0, seconds // message_s):
+        for g, pair in enumerate(loads):
+            for k, (ts, vs, _, _) in enumerate(pair):
+                lo, hi = cuts[g][k][m], cuts[g][k][m + 1]
+                eng.add("n", gpus[g], names[k], ts[lo:hi], vs[lo:hi])
+        upto = (m + 1) * message_s - lag_s if m + 1 < seconds // message_s else seconds
+        for tick in range(closed, upto):
+            for name in names:  # the enricher: per sensor, per frame of the batch
+                for gpu in gpus:
+                    p = eng.tick_peak("n", gpu, name, tick * S)
+                    peaks.append(p)
+                    if p is not None:
+                        eng.release("n", gpu, name, tick * S)
+        closed = max(closed, upto)
+        eng.evict_before(closed * S - 5 * S)
+    return time.perf_counter() - t0, peaks
+
+
+def run_pipeline(a: argparse.Namespace, rng: np.random.Generator, bg: tuple[float, float]) -> None:
+    loads = [(gpu_load(rng, a.minutes, bg), gpu_load(rng, a.minutes, bg)) for _ in range(a.gpus)]
+    for pair in loads:  # sm_active is a fraction
+        pair[1][1][:] /= 100.0
+    seconds = a.minutes * 60
+    n_samples = sum(int(ld[0].size) for pair in loads for ld in pair)
+    impls = [("current", str(Path(__file__).resolve().parents[2] / "streams" / "spikes.py")), *(
+        (f"compare:{c}", c) for c in a.compare)]
+    out: dict[str, Any] = {}
+    ref: list[float | None] | None = None
+    for label, path in impls:
+        cls = SpikeEngine if label == "current" else load_engine(path)
+        best = float("inf")
+        for _ in range(a.repeat):
+            took, peaks = pipeline(cls, loads, seconds)
+            best = min(best, took)
+        if ref is None:
+            ref = peaks
+        identical = peaks == ref and all(
+            (x is None) == (y is None) and (x is None or y is None or
+                                            np.float64(x).tobytes() == np.float64(y).tobytes())
+            for x, y in zip(peaks, ref, strict=True))
+        out[label] = {"samples_per_s": round(n_samples / best), "seconds": round(best, 4),
+                      "peaks_identical_to_current": identical}
+        print(f"{label:<40} {n_samples / best:>14,.0f} samples/s  {best:.3f} s  identical={identical}")
+    print(json.dumps({"bench": "spikes_pipeline", "date": time.strftime("%Y-%m-%d"), "samples": n_samples,
+                      "gpus": a.gpus, "minutes": a.minutes, "ticks_read": len(ref or []), **out}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpus", type=int, default=64)
     ap.add_argument("--minutes", type=int, default=60)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--background", default="40,85", help="range of the per-minute background level, %%")
+    ap.add_argument("--pipeline", action="store_true", help="time the enricher's call pattern (see above)")
+    ap.add_argument("--compare", nargs="*", default=[], help="with --pipeline: other spikes.py files to time")
+    ap.add_argument("--repeat", type=int, default=3, help="with --pipeline: best of this many runs")
     a = ap.parse_args()
     rng = np.random.default_rng(a.seed)
     bg = tuple(float(x) for x in a.background.split(","))
     assert len(bg) == 2, "--background LO,HI"
+    if a.pipeline:
+        run_pipeline(a, rng, (bg[0], bg[1]))
+        return
     loads = [gpu_load(rng, a.minutes, (bg[0], bg[1])) for _ in range(a.gpus)]
     seconds = a.minutes * 60
     # Per GPU, per second: the slice of its samples (the pipeline's call pattern).

@@ -1,0 +1,167 @@
+"""Window quantile evaluation for the L1 spike engine (streams/spikes.py).
+
+The engine stores each series as buckets of kept values (the largest ``max_per_bucket``,
+plus a count of the rest) and a numpy mirror of the recent buckets; this module turns
+those into the highest window quantile per tick. Windows end at bucket boundaries and
+cover the ``nb`` buckets before them; the window ending at boundary ``j`` reads buckets
+``j - nb .. j - 1``. The quantile is numpy's default ("linear", Hyndman-Fan 7), to the bit.
+
+Two evaluations, the same figures:
+
+- ``peak_one``: one tick, a plain loop sliding one sorted list along the buckets. It
+  reads the kept values and the dropped counts, so it is exact for any bucket state the
+  engine holds; the hot path when nothing is left to read ahead.
+- ``peaks_ahead``: several consecutive ticks at once with numpy, from the mirror (which
+  holds every value of its buckets, none dropped), so the engine can cache them: a 10 s
+  message closes ~10 ticks at once.
+
+Nothing here holds series state: the engine owns storage, mirror and cache, and passes
+this module plain dicts and arrays (so neither module imports the other's internals).
+
+>>> wq = WindowQuantiles(nb=2, max_per_bucket=4, q=0.5)
+>>> vals = {0: [1.0, 3.0], 1: [2.0], 2: [9.0]}
+>>> wq.peak_one(vals, {}, 2, 3)   # windows ending at 2 ({1, 2, 3}) and 3 ({2, 9})
+5.5
+>>> mb, mv = np.array([0, 0, 1, 2], np.int64), np.array([1.0, 3.0, 2.0, 9.0])
+>>> wq.peaks_ahead(mb, mv, [2, 3, 4])
+[2.0, 5.5]
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+_CELLS: Final = 1 << 16  # peaks_ahead sorts at most about this many window x value cells in one go
+
+
+def positions(n: int, q: float) -> tuple[int, int, float]:
+    """numpy's linear method: the two order statistics (ascending, 0-based) and the weight."""
+    v = (n - 1) * q
+    lo = math.floor(v)
+    if v >= n - 1:
+        return n - 1, n - 1, v - lo
+    return lo, lo + 1, v - lo
+
+
+def quantile_of_top(kept: list[float], n: int, q: float) -> float:
+    """numpy's linear quantile of ``n`` values whose largest ``len(kept)`` are ``kept`` (ascending).
+
+    >>> xs = [3.0, 1.0, 4.0, 1.5, 9.0, 2.6]
+    >>> quantile_of_top(sorted(xs), len(xs), 0.99) == float(np.quantile(xs, 0.99))
+    True
+    """
+    lo, hi, g = positions(n, q)
+    missing = n - len(kept)
+    a, b = kept[max(lo - missing, 0)], kept[max(hi - missing, 0)]
+    return b - (b - a) * (1 - g) if g >= 0.5 else a + (b - a) * g
+
+
+class WindowQuantiles:
+    """Sliding-window ``q`` quantiles over windows of ``nb`` buckets of at most ``max_per_bucket`` values."""
+
+    def __init__(self, nb: int, max_per_bucket: int, q: float) -> None:
+        self.nb, self.q = nb, q
+        self._positions: dict[int, tuple[int, int, float]] = {}  # window size -> positions(n, q)
+        # peaks_ahead's tables, by the number n of values in a window (none dropped) up to
+        # top_n: the positions in the ascending window (positions), the weight and 1 - it.
+        self.top_n = nb * max_per_bucket
+        at = [positions(n, q) if n else (0, 0, 0.0) for n in range(self.top_n + 1)]
+        self._at = np.array([(lo, hi) for lo, hi, _ in at], np.int64)
+        self._g = np.array([g for _, _, g in at], np.float64)
+        self._g1 = 1 - self._g
+        self._tables: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = {}
+
+    def peaks_ahead(self, mb: npt.NDArray[np.int64], mv: npt.NDArray[np.float64],
+                    ends: list[int]) -> list[float | None] | None:
+        """Peaks of consecutive ticks from the mirror ``mb``, ``mv`` (bucket-ordered (bucket, value)
+        arrays holding every value of the buckets the windows read); tick k's windows end at
+        boundaries ``ends[k] .. ends[k + 1] - 1``. Dense windows evaluate fewer ticks (at least
+        one): the result's length says how many. None when too dense for the tables: take
+        ``peak_one``."""
+        nb = self.nb
+        ahead = len(ends) - 1
+        first, last = ends[0], ends[-1] - 1
+        # cum[i]: mirror values before bucket first - nb + i; window w (ending at first + w) is cum[w] .. cum[w + nb]
+        cum = np.searchsorted(mb, np.arange(first - nb, last + 1, dtype=np.int64))
+        n_win = last - first + 1
+        cnt = cum[nb:] - cum[:n_win]
+        width = int(cnt.max())
+        if width == 0:
+            return [None] * ahead
+        if width * n_win > _CELLS:  # dense windows: fewer ticks per go
+            ahead = max(1, ahead * _CELLS // (width * n_win))
+            last = ends[ahead] - 1
+            n_win = last - first + 1
+            cnt = cnt[:n_win]
+            width = int(cnt.max())
+        if width > self.top_n:  # windows too dense for the tables: one tick, the plain loop
+            return None
+        # Each window's values, ascending, right-aligned in a row of ``width`` (padded with
+        # the lowest value: ties are the same value).
+        tab = self._tables
+        if width not in tab:
+            tab[width] = (np.arange(width, dtype=np.int64), np.arange(-width, 0, dtype=np.int64))
+        col, back = tab[width]
+        stop = cum[nb:nb + n_win]
+        idx = stop[:, None] + back  # the row's last cell is the window's last value (stop - 1)
+        mat = mv[np.maximum(idx, cum[0])]
+        mat[col < (width - cnt)[:, None]] = float(mv[cum[0]:stop[-1]].min())
+        mat.sort(axis=1)
+        # numpy's linear method (see positions), by table; no value is dropped (mirrored)
+        at = self._at[cnt]
+        off = np.arange(0, n_win * width, width, dtype=np.int64) + (width - cnt)
+        flat = mat.ravel()
+        # An empty window's positions point one past its row; clamped, the read is harmless
+        # (its result is replaced by -inf below) even for the last row.
+        last = flat.size - 1
+        lo, hi = flat[np.minimum(off + at[:, 0], last)], flat[np.minimum(off + at[:, 1], last)]
+        d = hi - lo
+        g = self._g[cnt]
+        x = np.where(g >= 0.5, hi - d * self._g1[cnt], lo + d * g)  # numpy's _lerp, as quantile_of_top
+        x[cnt == 0] = -np.inf
+        seg = np.asarray(ends[:ahead], np.int64) - first
+        peaks: list[float] = np.maximum.reduceat(x, seg).tolist()
+        any_: list[bool] = np.logical_or.reduceat(cnt > 0, seg).tolist()
+        return [p if a else None for p, a in zip(peaks, any_, strict=True)]
+
+    def peak_one(self, vals: dict[int, list[float]], dropped: dict[int, int], first: int,
+                 last: int) -> float | None:
+        """The highest quantile among the windows ending at boundaries ``first .. last``, from the
+        kept values ``vals`` and the dropped counts ``dropped`` (bucket -> ...); None without values."""
+        nb, q, pos = self.nb, self.q, self._positions
+        span = range(first - nb, last)
+        got = [vals.get(k) for k in span]
+        lost = [dropped.get(k, 0) for k in span] if dropped else [0] * len(span)
+        # The window ending at bucket j covers buckets j - nb .. j - 1: slide one sorted
+        # list along, taking the leaving bucket out and the entering one in.
+        win = sorted(v for kept in got[:nb] if kept for v in kept)
+        missing = sum(lost[:nb])
+        best: float | None = None
+        for i in range(last - first + 1):
+            if i:
+                out, into = got[i - 1], got[i - 1 + nb]
+                if out:
+                    for v in out:
+                        del win[bisect.bisect_left(win, v)]
+                if into:
+                    for v in into:
+                        bisect.insort(win, v)
+                missing += lost[i - 1 + nb] - lost[i - 1]
+            if win:
+                n = len(win) + missing
+                at = pos.get(n)
+                if at is None:
+                    at = positions(n, q)
+                    if len(pos) < 4_096:
+                        pos[n] = at
+                lo, hi, g = at
+                a, b = win[max(lo - missing, 0)], win[max(hi - missing, 0)]
+                # quantile_of_top, inlined (this loop is the hot path): numpy's _lerp to the bit
+                x = b - (b - a) * (1 - g) if g >= 0.5 else a + (b - a) * g
+                best = x if best is None or x > best else best
+        return best
