@@ -4,7 +4,23 @@ The engine stores each series as buckets of kept values (the largest ``max_per_b
 plus a count of the rest) and a numpy mirror of the recent buckets; this module turns
 those into the highest window quantile per tick. Windows end at bucket boundaries and
 cover the ``nb`` buckets before them; the window ending at boundary ``j`` reads buckets
-``j - nb .. j - 1``. The quantile is numpy's default ("linear", Hyndman-Fan 7), to the bit.
+``j - nb .. j - 1``. The quantile is the nearest rank, numpy's ``method="inverted_cdf"``
+(Hyndman-Fan 1), to the bit: the smallest value with at least ``q`` of the window's ``n``
+values at or below it, the value at 0-based ascending position ``ceil(n * q) - 1`` (as
+numpy computes it in float, see ``position``). For ``n <= 100`` at ``q = 0.99`` that is the
+window's maximum. It is always one of the window's samples, never an interpolation.
+
+Why nearest rank: at 10 Hz a 1 s window holds ~10 samples, and a sample above the threshold
+in so sparse a window is a spike that lasted at least one sampling interval. The linear
+method (numpy's default) puts the P99 of 10 values at position 8.91, i.e. 0.91 * spike +
+0.09 * the next value down, so a spike that jitter left with one sample is pulled towards
+the background and under the threshold: it hides exactly the single-sample spikes.
+
+Exactness with bounded buckets: nearest rank reads the ``n - pos``-th largest value,
+``n - pos = floor(n * (1 - q)) + 1 <= ceil(n * (1 - q)) + 1``, so it needs only that many
+values from the top. The top ``max_per_bucket`` values of every bucket contain the top
+``max_per_bucket`` of any union of buckets, so the figure is exact while
+``floor(n * (1 - q)) + 1 <= max_per_bucket`` and otherwise a lower bound.
 
 Two evaluations, the same figures:
 
@@ -18,13 +34,15 @@ Two evaluations, the same figures:
 Nothing here holds series state: the engine owns storage, mirror and cache, and passes
 this module plain dicts and arrays (so neither module imports the other's internals).
 
->>> wq = WindowQuantiles(nb=2, max_per_bucket=4, q=0.5)
+>>> wq = WindowQuantiles(nb=2, max_per_bucket=4, q=0.6)
 >>> vals = {0: [1.0, 3.0], 1: [2.0], 2: [9.0]}
->>> wq.peak_one(vals, {}, 2, 3)   # windows ending at 2 ({1, 2, 3}) and 3 ({2, 9})
-5.5
+>>> wq.peak_one(vals, {}, 2, 3)   # windows ending at 2 ({1, 2, 3}: 2.0) and 3 ({2, 9}: 2.0 at 0.5, 9.0 at 0.6)
+9.0
 >>> mb, mv = np.array([0, 0, 1, 2], np.int64), np.array([1.0, 3.0, 2.0, 9.0])
 >>> wq.peaks_ahead(mb, mv, [2, 3, 4])
-[2.0, 5.5]
+[2.0, 9.0]
+>>> [float(np.quantile(w, 0.6, method="inverted_cdf")) for w in ([1.0, 3.0, 2.0], [2.0, 9.0])]
+[2.0, 9.0]
 """
 
 from __future__ import annotations
@@ -39,26 +57,34 @@ import numpy.typing as npt
 _CELLS: Final = 1 << 16  # peaks_ahead sorts at most about this many window x value cells in one go
 
 
-def positions(n: int, q: float) -> tuple[int, int, float]:
-    """numpy's linear method: the two order statistics (ascending, 0-based) and the weight."""
-    v = (n - 1) * q
+# Nearest rank, not numpy's default linear method: in a sparse window (~10 samples at 10 Hz)
+# a sample above the threshold is a spike that lasted at least one sampling interval, and
+# interpolating towards the next value down (the background) hides single-sample spikes.
+def position(n: int, q: float) -> int:
+    """Nearest rank, as numpy's ``inverted_cdf``: the order statistic (ascending, 0-based) of ``n`` values.
+
+    ``n * q - 1`` rounded up, computed in float as numpy does (so ``n * q`` that rounds to an
+    integer takes that integer), at least 0.
+
+    >>> [position(n, 0.99) for n in (1, 10, 100, 101, 1_000)]
+    [0, 9, 98, 99, 989]
+    """
+    v = n * q - 1
     lo = math.floor(v)
-    if v >= n - 1:
-        return n - 1, n - 1, v - lo
-    return lo, lo + 1, v - lo
+    return max(lo if v == lo else lo + 1, 0)
 
 
 def quantile_of_top(kept: list[float], n: int, q: float) -> float:
-    """numpy's linear quantile of ``n`` values whose largest ``len(kept)`` are ``kept`` (ascending).
+    """The nearest-rank quantile of ``n`` values whose largest ``len(kept)`` are ``kept`` (ascending);
+    a lower bound when the rank falls below ``kept`` (see the module docstring).
 
     >>> xs = [3.0, 1.0, 4.0, 1.5, 9.0, 2.6]
-    >>> quantile_of_top(sorted(xs), len(xs), 0.99) == float(np.quantile(xs, 0.99))
+    >>> quantile_of_top(sorted(xs), len(xs), 0.99) == float(np.quantile(xs, 0.99, method="inverted_cdf"))
     True
+    >>> quantile_of_top([9.0, 99.0], 10, 0.99)   # the top 2 of 10 suffice at q=0.99 (the maximum)
+    99.0
     """
-    lo, hi, g = positions(n, q)
-    missing = n - len(kept)
-    a, b = kept[max(lo - missing, 0)], kept[max(hi - missing, 0)]
-    return b - (b - a) * (1 - g) if g >= 0.5 else a + (b - a) * g
+    return kept[max(position(n, q) - (n - len(kept)), 0)]
 
 
 class WindowQuantiles:
@@ -66,14 +92,11 @@ class WindowQuantiles:
 
     def __init__(self, nb: int, max_per_bucket: int, q: float) -> None:
         self.nb, self.q = nb, q
-        self._positions: dict[int, tuple[int, int, float]] = {}  # window size -> positions(n, q)
-        # peaks_ahead's tables, by the number n of values in a window (none dropped) up to
-        # top_n: the positions in the ascending window (positions), the weight and 1 - it.
+        self._positions: dict[int, int] = {}  # window size -> position(n, q)
+        # peaks_ahead's table, by the number n of values in a window (none dropped) up to
+        # top_n: the nearest-rank position in the ascending window (position).
         self.top_n = nb * max_per_bucket
-        at = [positions(n, q) if n else (0, 0, 0.0) for n in range(self.top_n + 1)]
-        self._at = np.array([(lo, hi) for lo, hi, _ in at], np.int64)
-        self._g = np.array([g for _, _, g in at], np.float64)
-        self._g1 = 1 - self._g
+        self._at = np.array([position(n, q) if n else 0 for n in range(self.top_n + 1)], np.int64)
         self._tables: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = {}
 
     def peaks_ahead(self, mb: npt.NDArray[np.int64], mv: npt.NDArray[np.float64],
@@ -112,17 +135,12 @@ class WindowQuantiles:
         mat = mv[np.maximum(idx, cum[0])]
         mat[col < (width - cnt)[:, None]] = float(mv[cum[0]:stop[-1]].min())
         mat.sort(axis=1)
-        # numpy's linear method (see positions), by table; no value is dropped (mirrored)
-        at = self._at[cnt]
+        # Nearest rank (see position), by table; no value is dropped (mirrored)
         off = np.arange(0, n_win * width, width, dtype=np.int64) + (width - cnt)
         flat = mat.ravel()
-        # An empty window's positions point one past its row; clamped, the read is harmless
+        # An empty window's position points one past its row; clamped, the read is harmless
         # (its result is replaced by -inf below) even for the last row.
-        last = flat.size - 1
-        lo, hi = flat[np.minimum(off + at[:, 0], last)], flat[np.minimum(off + at[:, 1], last)]
-        d = hi - lo
-        g = self._g[cnt]
-        x = np.where(g >= 0.5, hi - d * self._g1[cnt], lo + d * g)  # numpy's _lerp, as quantile_of_top
+        x = flat[np.minimum(off + self._at[cnt], flat.size - 1)]
         x[cnt == 0] = -np.inf
         seg = np.asarray(ends[:ahead], np.int64) - first
         peaks: list[float] = np.maximum.reduceat(x, seg).tolist()
@@ -156,12 +174,10 @@ class WindowQuantiles:
                 n = len(win) + missing
                 at = pos.get(n)
                 if at is None:
-                    at = positions(n, q)
+                    at = position(n, q)
                     if len(pos) < 4_096:
                         pos[n] = at
-                lo, hi, g = at
-                a, b = win[max(lo - missing, 0)], win[max(hi - missing, 0)]
-                # quantile_of_top, inlined (this loop is the hot path): numpy's _lerp to the bit
-                x = b - (b - a) * (1 - g) if g >= 0.5 else a + (b - a) * g
+                # quantile_of_top, inlined (this loop is the hot path): nearest rank
+                x = win[max(at - missing, 0)]
                 best = x if best is None or x > best else best
         return best
