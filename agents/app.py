@@ -114,6 +114,6 @@ def detect_runtime(settings: Settings, app: faust.App, ingestor: Ingestor) -> De
     alerts_topic = app.flopwatch_topics[names.alerts]  # type: ignore[attr-defined]
     sinks: list[AlertSink] = [KafkaAlertSink(alerts_topic), ClickHouseDetections(ingestor.on_clickhouse)]
     return DetectRuntime(settings.detect_params(), settings.align_params().grid_ns,
-                         KafkaFrameHistory(settings, names.frames), sinks,
+                         KafkaFrameHistory(settings, names.frames, names.alerts), sinks,
                          DeadLetter(SampleProducer(settings), names.dlq), names.frames,
                          replay_s=settings.detect_replay_s)

@@ -13,9 +13,12 @@ How it steps around Faust's known traps:
   carry their tick as the Kafka timestamp) up to that message, with the alerts those
   replayed frames cause dropped: they were sent before the crash, since Faust flushes its
   producer before it commits an offset.
-- No exactly-once mode (#323, #502). Delivery is at least once and every alert has a
-  deterministic id, so a consumer acts once per ``message_id`` and the ``detections``
-  table (ReplacingMergeTree on id, state) keeps one row per message.
+- No exactly-once mode (#323, #502). Every alert has a deterministic id, and a rebuild
+  also reads which alert messages the alerts topic already holds (the last ten minutes),
+  so the frames re-processed after a crash do not send them again. What is left is a
+  crash between an alert's send and its acknowledgement; a consumer that acts once per
+  ``message_id`` is safe even then, and ``detections`` (ReplacingMergeTree on id, state)
+  keeps one row per message.
 - Bytes in, our own decoding: a frame that does not decode goes to the dead-letter topic
   and the agent goes on (Faust's own decode path acks and then crashes the agent, #175).
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -40,9 +44,10 @@ log = logging.getLogger(__name__)
 
 
 class FrameHistory(Protocol):
-    """Recent frames of one partition, for rebuilding detector state."""
+    """Recent frames of one partition, for rebuilding detector state, and the alerts already sent."""
 
     async def read(self, partition: int, since_ms: int, until_offset: int) -> Sequence[bytes]: ...
+    async def sent_alerts(self, since_wall_ms: int) -> set[str]: ...
 
 
 class AlertSink(Protocol):
@@ -61,6 +66,7 @@ class DetectStats:
     alerts: int = 0
     replayed: int = 0  # frames replayed to rebuild state
     rebuilds: int = 0
+    suppressed: int = 0  # alerts already on the topic before a restart, not sent again
     rejects: int = 0
     errors: int = 0
     firing: int = 0
@@ -81,12 +87,17 @@ class DetectRuntime:
         self.replay_ms = int(replay_s * 1000)
         self.stats = DetectStats()
         self._by_partition: dict[int, Detectors] = {}
+        # Per partition, message ids already on the alerts topic when its state was rebuilt:
+        # frames past the last commit are processed again, and their alerts must not go twice.
+        self._sent: dict[int, set[str]] = {}
         self._errors_logged: set[str] = set()
+        self.wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000
         self.on_frame: Callable[[FrameMessage], None] | None = None  # sees each live frame (the demo's view)
 
     def revoke(self, partitions: Sequence[int]) -> None:
         for p in partitions:
             self._by_partition.pop(p, None)
+            self._sent.pop(p, None)
 
     async def handle(self, partition: int, offset: int, timestamp_ms: int, key: bytes | None,
                      value: bytes | None) -> list[Alert]:
@@ -116,6 +127,12 @@ class DetectRuntime:
             await self._reject(Reject(RejectReason.INTERNAL_ERROR, f"{what}: {exc}"), key, value, partition, offset)
             return []
         self.stats.frames += 1
+        sent = self._sent.get(partition)
+        if sent and alerts:
+            fresh = [a for a in alerts if a.message_id not in sent]
+            self.stats.suppressed += len(alerts) - len(fresh)
+            sent.difference_update(a.message_id for a in alerts)
+            alerts = fresh
         if alerts:
             for sink in self.sinks:
                 await sink.send(alerts)
@@ -134,6 +151,8 @@ class DetectRuntime:
 
     async def _rebuild(self, partition: int, offset: int, timestamp_ms: int) -> Detectors:
         det = Detectors(self.params, self.grid_ns)
+        # Alerts sent lately (wall time: their Kafka time is when they were sent).
+        self._sent[partition] = await self.history.sent_alerts(self.wall_ms() - max(self.replay_ms, 600_000))
         replayed = await self.history.read(partition, timestamp_ms - self.replay_ms, offset)
         for raw in replayed:
             try:

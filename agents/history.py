@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agents.settings import Settings
@@ -12,12 +13,59 @@ from agents.topics import aiokafka_config
 MAX_REPLAY = 2_000_000  # messages; a bound on memory whatever the window holds
 
 
-class KafkaFrameHistory:
-    """``agents.detect.FrameHistory`` over the frames topic (frames carry their tick as the timestamp)."""
+def _message_id(raw: bytes) -> str:
+    try:
+        doc = orjson.loads(raw)
+        return f"{doc['id']}:{doc['state']}"
+    except Exception:  # not an alert of ours: nothing to suppress
+        return ""
 
-    def __init__(self, settings: Settings, topic: str) -> None:
+
+class KafkaFrameHistory:
+    """``agents.detect.FrameHistory`` over the frames topic (frames carry their tick as the timestamp),
+    and the alerts already on the alerts topic."""
+
+    def __init__(self, settings: Settings, topic: str, alerts_topic: str) -> None:
         self.settings = settings
         self.topic = topic
+        self.alerts_topic = alerts_topic
+
+    async def sent_alerts(self, since_wall_ms: int) -> set[str]:
+        """Message ids (``id:state``) of the alerts sent since ``since_wall_ms`` (their Kafka time is
+        when they were sent), from every partition of the alerts topic."""
+        consumer = AIOKafkaConsumer(**aiokafka_config(self.settings), enable_auto_commit=False,
+                                    client_id="flopwatch-detect-replay")
+        await consumer.start()
+        try:
+            # flopwatch creates its topics with the configured partition count (agents.admin).
+            tps = [TopicPartition(self.alerts_topic, p) for p in range(self.settings.partitions)]
+            consumer.assign(tps)
+            ends = await consumer.end_offsets(tps)
+            found = await consumer.offsets_for_times({tp: max(since_wall_ms, 0) for tp in tps})
+            left = {}
+            for tp in tps:
+                hit = found.get(tp)
+                start = ends[tp] if hit is None else hit.offset
+                if start < ends[tp]:
+                    consumer.seek(tp, start)
+                    left[tp] = ends[tp]
+                else:
+                    consumer.pause(tp)
+            out: set[str] = set()
+            while left and len(out) < MAX_REPLAY:
+                batch = await consumer.getmany(*left, timeout_ms=1000)
+                if not batch:
+                    break
+                for tp, recs in batch.items():
+                    for r in recs:
+                        if r.value is not None:
+                            out.add(_message_id(r.value))
+                    if recs and recs[-1].offset + 1 >= left[tp]:
+                        del left[tp]
+                        consumer.pause(tp)
+            return out
+        finally:
+            await consumer.stop()
 
     async def read(self, partition: int, since_ms: int, until_offset: int) -> Sequence[bytes]:
         if until_offset <= 0:

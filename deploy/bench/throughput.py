@@ -205,6 +205,9 @@ async def detect_frames(settings: Settings, start: dict[int, int], end: dict[int
         async def read(self, partition: int, since_ms: int, until_offset: int) -> list[bytes]:
             return []
 
+        async def sent_alerts(self, since_wall_ms: int) -> set[str]:
+            return set()
+
     topic = Topics(settings.topic_prefix).frames
     runtime = DetectRuntime(settings.detect_params(), settings.align_params().grid_ns, NoHistory(), [], None, topic)
     consumer = AIOKafkaConsumer(**aiokafka_config(settings), enable_auto_commit=False)

@@ -42,9 +42,13 @@ class Sink:
 
 
 class History:
-    def __init__(self, messages: list[bytes]) -> None:
+    def __init__(self, messages: list[bytes], sent: set[str] | None = None) -> None:
         self.messages = messages
+        self.sent = sent or set()
         self.asked: list[tuple[int, int, int]] = []
+
+    async def sent_alerts(self, since_wall_ms: int) -> set[str]:
+        return set(self.sent)
 
     async def read(self, partition: int, since_ms: int, until_offset: int) -> Sequence[bytes]:
         # The test channel numbers offsets from 0 whatever came before: what precedes the first
@@ -143,3 +147,24 @@ async def _a_bad_message_goes_to_the_dead_letter_sink_and_the_agent_goes_on() ->
         await put_all(tc, [*msgs[:5], b"{not json", *msgs[5:]])
     assert [r for r, _ in letters.sent] == ["malformed_json"]
     assert runtime.stats.frames == 10 and runtime.stats.rejects == 1
+
+
+def test_alerts_already_on_the_topic_before_a_crash_are_not_sent_again() -> None:
+    asyncio.run(_alerts_already_on_the_topic_are_not_sent_again())
+
+
+async def _alerts_already_on_the_topic_are_not_sent_again() -> None:
+    msgs = frames(150, drop_at=90, drop_len=30)
+    agent, _, first, _ = make(History([]))
+    async with agent.test_context() as tc:
+        await put_all(tc, msgs)
+    cut = 92  # committed up to tick 92; the firing (at tick 92's end... 93) was sent, then the crash
+    fired = [a for a in first.alerts if a.state == "firing"]
+    assert fired
+    agent2, runtime2, second, _ = make(History(msgs[:cut], sent={fired[0].message_id}))
+    async with agent2.test_context() as tc:
+        for i, m in enumerate(msgs[cut:], start=cut):
+            await tc.put(value=m, key=b"node-1", partition=0, timestamp=(T0 + i * GRID) / 1e9)
+    assert fired[0].message_id not in {a.message_id for a in second.alerts}
+    assert [a.state for a in second.alerts if a.id == fired[0].id] == ["resolved"]
+    assert runtime2.stats.suppressed == 1

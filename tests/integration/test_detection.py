@@ -2,8 +2,8 @@
 
 A scenario schedules one efficiency drop, a dip too short to alert and a 200 ms spike;
 the worker (Faust runtime: ingest service + detection agent) is SIGKILLed mid-run and
-restarted. A consumer that deduplicates by message id sees each expected alert message
-exactly once, and nothing else; ClickHouse ``detections`` holds the same messages.
+restarted. Each expected alert message is on the topic exactly once, and nothing else;
+ClickHouse ``detections`` holds the same messages.
 """
 
 from __future__ import annotations
@@ -133,8 +133,8 @@ def test_alerts_fire_exactly_once_per_message_id_across_a_sigkill(base_settings:
     finally:
         assert worker.stop() == 0
 
-    # Redelivered messages are byte-identical, so deduplicating by message id is exact.
-    assert all(len(set(copies)) == 1 for copies in alerts.values())
+    # Each message once on the topic: the restarted agent read which were already there.
+    assert all(len(copies) == 1 for copies in alerts.values()), {k: len(v) for k, v in alerts.items()}
     got = sorted((a.rule, a.state, a.node, a.gpu, (a.onset_ts_ns - params.start_ns) // S)
                  for a in (decode_alert(c[0]) for c in alerts.values()))
     assert got == [("efficiency_drift", "firing", "node-00", "0", 40), ("efficiency_drift", "resolved", "node-00", "0", 40),
