@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
 
@@ -106,6 +106,8 @@ class IngestCore:
         self._progress = Progress(Recovered())
         self._errors_logged: set[str] = set()
         self.dirty = False  # records handled since the last commit point was taken
+        # Sees each batch of closed frames as it closes (the shell publishes them at once).
+        self.on_frames: Callable[[FrameBatch], None] | None = None
 
     # -- partitions ----------------------------------------------------------------------
     def assign(self, assigned: Iterable[TopicPartition], progress: Progress) -> None:
@@ -237,6 +239,8 @@ class IngestCore:
                     self._errors_logged.add("enrich")
                     log.error("deriving frame columns failed; frames are stored without them", exc_info=exc)
         self.store.add_frames(batch)
+        if self.on_frames is not None and len(batch):
+            self.on_frames(batch)
 
     def _place_held(self) -> dict[int, int]:
         hold = self._clocks.place_held(self._aligners, self._waiting)

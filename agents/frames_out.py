@@ -1,15 +1,18 @@
 """Publishes closed frames to ``flopwatch.frames`` (contract: ``schemas.frame_messages``).
 
-The writer publishes a flush's frames, waits for Kafka's acknowledgement, and only then
-writes them to ClickHouse and commits the input offsets. That order is what keeps the
-topic complete: a crash after the publish and before the ClickHouse write replays the
-samples and publishes the same messages again (same ids: consumers deduplicate), while
-the other order could lose frames for good, because a replay never rebuilds ticks that
-ClickHouse already holds.
+Frames are sent the moment their tick closes (``publish``: queued in librdkafka, no
+wait), so the detection agent sees them without waiting for the next ClickHouse flush.
+The writer then waits for Kafka's acknowledgement of everything sent (``flush``) before
+it writes the flush's frames to ClickHouse and commits the input offsets. That order
+keeps the topic complete: a crash after the publish and before the ClickHouse write
+replays the samples and publishes the same messages again (same ids: consumers
+deduplicate), while the other order could lose frames for good, because a replay never
+rebuilds ticks that ClickHouse already holds.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import orjson
@@ -54,21 +57,26 @@ class FramePublisher:
         self._producer = producer
         self.topic = topic
         self.grid_ns = grid_ns
-        self.published = 0
+        self.published = 0  # acknowledged
+        self._queued = 0
+        self._count_lock = threading.Lock()
 
-    def publish(self, batches: list[FrameBatch]) -> int:
-        sent = 0
-        for batch in batches:
-            for node, tick, value in encode_batch(batch, self.grid_ns):
-                self._producer.send(self.topic, value, node, timestamp_ms=tick // 1_000_000)
-                sent += 1
-        return sent
+    def publish(self, batch: FrameBatch) -> None:
+        """Queue ``batch``'s messages (returns at once; ``flush`` waits for them)."""
+        for node, tick, value in encode_batch(batch, self.grid_ns):
+            self._producer.send(self.topic, value, node, timestamp_ms=tick // 1_000_000)
+            with self._count_lock:  # publish runs on the event loop, flush on the writer thread
+                self._queued += 1
+        self._producer.poll()  # serve delivery callbacks without blocking
 
-    def publish_and_flush(self, batches: list[FrameBatch]) -> None:
-        sent = self.publish(batches)
-        if sent:
+    def flush(self) -> None:
+        """Wait until Kafka acknowledged every message queued so far; raises if any failed."""
+        queued = self._queued  # the loop thread may queue more meanwhile; those count next time
+        if queued:
             self._producer.flush()
-        self.published += sent
+            with self._count_lock:
+                self.published += queued
+                self._queued -= queued
 
     def close(self) -> None:
         self._producer.close()

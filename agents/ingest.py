@@ -143,6 +143,8 @@ class Ingestor:
         if s.publish_frames:
             self._frames = FramePublisher(SampleProducer(s), self.topics.frames, s.align_params().grid_ns)
         core = self._core = IngestCore(s, store, self._dlq, self._clock, enricher)
+        if self._frames is not None:
+            core.on_frames = self._frames.publish
         self.stats = core.stats
         consumer = AIOKafkaConsumer(
             **aiokafka_config(s), group_id=s.group_id, enable_auto_commit=False, auto_offset_reset="earliest",
@@ -238,8 +240,8 @@ class Ingestor:
         assert store is not None and dlq is not None and consumer is not None
         await self._on_ch(dlq.flush)  # rejects before the offsets that produced them are committed
         # Frames on Kafka before ClickHouse (agents.frames_out says why), both before the commit.
-        if self._frames is not None:
-            await self._on_ch(self._frames.publish_and_flush, pending.batches)
+        if self._frames is not None:  # every frame of this write was queued when its tick closed
+            await self._on_ch(self._frames.flush)
             self.stats.frames_published = self._frames.published
         await self._on_ch(store.write, pending, consumed, self._clock.wall_ns() // 1_000_000, closed)
         if commit:
