@@ -51,9 +51,17 @@ class IngestService(Service):
         self.on_flush = on_flush
         self._stop = asyncio.Event()
         self._task: asyncio.Task[IngestStats] | None = None
+        self._crashing: asyncio.Future[None] | None = None
 
     async def on_start(self) -> None:
         self._task = asyncio.ensure_future(self.ingestor.run(self._stop, self.on_flush))
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[IngestStats]) -> None:
+        # An ingest that died (Kafka or ClickHouse gone for good) must take the worker with it,
+        # so that whatever supervises the process restarts it; the agents alone would look healthy.
+        if not task.cancelled() and task.exception() is not None and not self._stop.is_set():
+            self._crashing = asyncio.ensure_future(self.crash(task.exception()))  # type: ignore[arg-type]
 
     async def on_stop(self) -> None:
         self._stop.set()

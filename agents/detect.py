@@ -41,6 +41,7 @@ from schemas.records import Reject, RejectReason
 from streams.detect import Detectors, DetectParams
 
 log = logging.getLogger(__name__)
+SINK_ATTEMPTS = 8  # ~1 min of backoff (0.5 s doubling to 30 s) before a sink or a rebuild gives up
 
 
 class FrameHistory(Protocol):
@@ -104,7 +105,7 @@ class DetectRuntime:
         """One frames message; returns (and has sent) the alerts it caused."""
         det = self._by_partition.get(partition)
         if det is None:
-            det = self._by_partition[partition] = await self._rebuild(partition, offset, timestamp_ms)
+            det = self._by_partition[partition] = await self._rebuild_retrying(partition, offset, timestamp_ms)
         try:
             msg = decode_frame_message(value or b"")
         except FrameDecodeError as exc:
@@ -135,7 +136,7 @@ class DetectRuntime:
             alerts = fresh
         if alerts:
             for sink in self.sinks:
-                await sink.send(alerts)
+                await self._send(sink, alerts)
             self.stats.alerts += len(alerts)
             for a in alerts:
                 self.stats.by_rule[a.rule] = self.stats.by_rule.get(a.rule, 0) + 1
@@ -149,10 +150,48 @@ class DetectRuntime:
             # Acknowledged before the agent moves on, so the commit never passes an undelivered reject.
             await asyncio.to_thread(self.rejects.flush)
 
+    async def _send(self, sink: AlertSink, alerts: Sequence[Alert]) -> None:
+        """Hand ``alerts`` to one sink, retrying with backoff: the detector already counts them as
+        sent, so giving up would lose them; an exception leaving the agent would too (Faust acks
+        the message in flight when an agent crashes)."""
+        delay = 0.5
+        for attempt in range(SINK_ATTEMPTS):
+            try:
+                await sink.send(alerts)
+                return
+            except Exception as exc:
+                self.stats.errors += 1
+                log.warning("alert sink %s failed (attempt %d of %d): %s", type(sink).__name__, attempt + 1,
+                            SINK_ATTEMPTS, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+        log.error("alert sink %s gave up on %d alerts: %s", type(sink).__name__, len(alerts),
+                  ", ".join(a.message_id for a in alerts))
+
+    async def _rebuild_retrying(self, partition: int, offset: int, timestamp_ms: int) -> Detectors:
+        """``_rebuild``, retried while Kafka is unreachable; never raises out of the agent."""
+        delay = 0.5
+        for attempt in range(SINK_ATTEMPTS):
+            try:
+                return await self._rebuild(partition, offset, timestamp_ms)
+            except Exception as exc:
+                self.stats.errors += 1
+                log.warning("partition %d: rebuilding detector state failed (attempt %d of %d): %s", partition,
+                            attempt + 1, SINK_ATTEMPTS, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+        # Without history: detect from here on, and say so (alerts of the lost window may repeat).
+        log.error("partition %d: detector state not rebuilt; starting empty", partition)
+        self._sent[partition] = set()
+        return Detectors(self.params, self.grid_ns)
+
     async def _rebuild(self, partition: int, offset: int, timestamp_ms: int) -> Detectors:
         det = Detectors(self.params, self.grid_ns)
-        # Alerts sent lately (wall time: their Kafka time is when they were sent).
-        self._sent[partition] = await self.history.sent_alerts(self.wall_ms() - max(self.replay_ms, 600_000))
+        # Alerts sent lately: their Kafka time is when they were sent, which is wall time after
+        # the frames' ticks; covering the replayed frames' event time too keeps a worker that was
+        # down longer than ten minutes from sending again what it sent before the crash.
+        since = min(self.wall_ms() - 600_000, timestamp_ms - self.replay_ms)
+        self._sent[partition] = await self.history.sent_alerts(since)
         replayed = await self.history.read(partition, timestamp_ms - self.replay_ms, offset)
         for raw in replayed:
             try:

@@ -67,7 +67,8 @@ class FramePublisher:
             self._producer.send(self.topic, value, node, timestamp_ms=tick // 1_000_000)
             with self._count_lock:  # publish runs on the event loop, flush on the writer thread
                 self._queued += 1
-        self._producer.poll()  # serve delivery callbacks without blocking
+        # No poll() here: delivery callbacks are served by flush() on the writer thread only, so
+        # the producer's failure count is never updated from two threads at once.
 
     def flush(self) -> None:
         """Wait until Kafka acknowledged every message queued so far; raises if any failed."""

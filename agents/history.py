@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import orjson
@@ -11,6 +12,7 @@ from agents.settings import Settings
 from agents.topics import aiokafka_config
 
 MAX_REPLAY = 2_000_000  # messages; a bound on memory whatever the window holds
+READ_DEADLINE_S = 120.0
 
 
 def _message_id(raw: bytes) -> str:
@@ -52,10 +54,14 @@ class KafkaFrameHistory:
                 else:
                     consumer.pause(tp)
             out: set[str] = set()
+            deadline = time.monotonic() + READ_DEADLINE_S
             while left and len(out) < MAX_REPLAY:
                 batch = await consumer.getmany(*left, timeout_ms=1000)
                 if not batch:
-                    break
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"reading {self.alerts_topic} did not reach its end in "
+                                           f"{READ_DEADLINE_S:.0f} s")
+                    continue
                 for tp, recs in batch.items():
                     for r in recs:
                         if r.value is not None:
@@ -86,11 +92,19 @@ class KafkaFrameHistory:
                 return []
             consumer.seek(tp, start)
             out: list[bytes] = []
+            deadline = time.monotonic() + READ_DEADLINE_S
             while len(out) < MAX_REPLAY:
                 batch = await consumer.getmany(tp, timeout_ms=1000)
                 recs = batch.get(tp, [])
                 if not recs:
-                    break
+                    # An empty fetch is not the end (a slow broker, a leader move): go on until
+                    # the position reaches the offset asked for, within a deadline.
+                    if await consumer.position(tp) >= until_offset:
+                        break
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"replaying {self.topic}[{partition}] did not reach offset {until_offset} "
+                                           f"in {READ_DEADLINE_S:.0f} s")
+                    continue
                 for r in recs:
                     if r.offset >= until_offset:
                         return out

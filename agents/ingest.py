@@ -50,6 +50,7 @@ from agents.topics import Topics, aiokafka_config
 __all__ = ["CommitError", "IngestStats", "Ingestor"]
 log = logging.getLogger(__name__)
 COMMIT_TIMEOUT_S = 30.0
+CLICKHOUSE_READY_S = 120.0
 COMMIT_GIVE_UP_S = 300.0  # commits failing this long (the broker or the topics are gone): the worker stops
 
 
@@ -100,7 +101,8 @@ class Ingestor:
     async def on_clickhouse(self, fn: Callable[[Backend], Any]) -> Any:
         """Run ``fn(backend)`` on the worker's ClickHouse thread (chDB is bound to one thread), once
         the worker has opened it; for the agents of the same process."""
-        await self._ch_ready.wait()
+        # Bounded: a worker whose ClickHouse never opened has crashed (agents.app), not hung.
+        await asyncio.wait_for(self._ch_ready.wait(), CLICKHOUSE_READY_S)
         return await self._on_ch(fn, self._backend)
 
     # -- partitions ----------------------------------------------------------------------

@@ -168,3 +168,47 @@ async def _alerts_already_on_the_topic_are_not_sent_again() -> None:
     assert fired[0].message_id not in {a.message_id for a in second.alerts}
     assert [a.state for a in second.alerts if a.id == fired[0].id] == ["resolved"]
     assert runtime2.stats.suppressed == 1
+
+
+class FlakySink(Sink):
+    """Fails its first ``failures`` sends (a ClickHouse or broker hiccup)."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    async def send(self, alerts: Sequence[Alert]) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("simulated outage")
+        await super().send(alerts)
+
+
+class FlakyHistory(History):
+    def __init__(self, failures: int) -> None:
+        super().__init__([])
+        self.failures = failures
+
+    async def read(self, partition: int, since_ms: int, until_offset: int) -> Sequence[bytes]:
+        if self.failures:
+            self.failures -= 1
+            raise TimeoutError("simulated slow broker")
+        return await super().read(partition, since_ms, until_offset)
+
+
+def test_a_failing_sink_or_rebuild_is_retried_and_the_agent_goes_on() -> None:
+    asyncio.run(_a_failing_sink_or_rebuild_is_retried())
+
+
+async def _a_failing_sink_or_rebuild_is_retried() -> None:
+    app = faust.App("flopwatch-agent-test-flaky", broker="kafka://127.0.0.1:1", store="memory://",
+                    value_serializer="raw", key_serializer="raw", autodiscover=False, web_enabled=False)
+    topic = app.topic("flopwatch.frames", key_type=bytes, value_type=bytes)
+    flaky, steady = FlakySink(failures=2), Sink()
+    runtime = DetectRuntime(DetectParams(), GRID, FlakyHistory(failures=1), [flaky, steady], Letters(),
+                            "flopwatch.frames")
+    agent = install(app, runtime, topic)
+    async with agent.test_context() as tc:
+        await put_all(tc, frames(100, drop_at=70, drop_len=12))
+    assert [a.state for a in flaky.alerts] == ["firing", "resolved"] == [a.state for a in steady.alerts]
+    assert runtime.stats.frames == 100 and runtime.stats.errors == 3 and runtime.stats.rebuilds == 1
