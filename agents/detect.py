@@ -140,7 +140,7 @@ class DetectRuntime:
             self.stats.alerts += len(alerts)
             for a in alerts:
                 self.stats.by_rule[a.rule] = self.stats.by_rule.get(a.rule, 0) + 1
-        self.stats.firing = sum(len(d.firing) for d in self._by_partition.values())
+        self.stats.firing = sum(d.firing_count for d in self._by_partition.values())  # per frame: no lists
         return alerts
 
     async def _reject(self, reject: Reject, key: bytes | None, value: bytes | None, partition: int,

@@ -18,7 +18,6 @@ from collections.abc import Iterator
 import orjson
 
 from agents.producer import SampleProducer
-from schemas.catalog import LABEL_COLUMNS
 from schemas.frame_messages import FRAME_VERSION, frame_id, message_id
 from schemas.frames import DERIVED_COLUMNS, VALUE_COLUMNS
 from streams.aggregate import FrameBatch
@@ -26,7 +25,8 @@ from streams.aggregate import FrameBatch
 
 def encode_batch(batch: FrameBatch, grid_ns: int) -> Iterator[tuple[str, int, bytes]]:
     """(node, tick_ns, message) per node and tick of ``batch``, in the bytes ``encode_frame_message``
-    gives (a test holds them equal); built from the columns directly, because this runs per flush."""
+    gives (a test holds them equal); built from the columns directly, because this runs per flush.
+    Labels go as they are: the codec kept only known label keys."""
     n = len(batch)
     if not n:
         return
@@ -40,10 +40,9 @@ def encode_batch(batch: FrameBatch, grid_ns: int) -> Iterator[tuple[str, int, by
         node, gpu, tick = batch.node[i], batch.gpu[i], ticks[i]
         values = {c: v[i] for c, v in vals.items() if v[i] == v[i]}  # NaN != NaN: an empty cell
         derived = {c: (None if d[i] is None or d[i] != d[i] else d[i]) for c, d in der.items()}
-        labels = {k: v for k, v in batch.labels[i].items() if k in LABEL_COLUMNS}
         groups.setdefault((node, tick), []).append({
-            "gpu": gpu, "id": frame_id(node, gpu, tick), "labels": labels, "values": values, "derived": derived,
-            "note": notes[i], "clock_uncertainty_us": unc[i]})
+            "gpu": gpu, "id": frame_id(node, gpu, tick), "labels": batch.labels[i], "values": values,
+            "derived": derived, "note": notes[i], "clock_uncertainty_us": unc[i]})
     for (node, tick), gpus in groups.items():
         doc = {"v": FRAME_VERSION, "id": message_id(node, tick), "node": node, "tick_ns": tick, "grid_ns": grid_ns,
                "gpus": gpus}

@@ -43,7 +43,6 @@ from streams.aggregate import FrameBatch
 
 F64 = npt.NDArray[np.float64]
 DEFAULT_PRECISION: Final = "bf16"
-_NOTE_ORDER: Final = NOTE_CODES
 
 
 class Pricing(Protocol):
@@ -149,5 +148,5 @@ def _notes(n: int, key_notes: list[str], host: npt.NDArray[np.bool_],
         codes.update(c for c, m in masks.items() if m[i])
         if "host" in codes:
             codes = {"host"}
-        out[i] = ",".join(c for c in _NOTE_ORDER if c in codes)
+        out[i] = ",".join(c for c in NOTE_CODES if c in codes)
     return out

@@ -95,6 +95,10 @@ class Detectors:
     def firing(self) -> list[Alert]:
         return list(self._open.values())
 
+    @property
+    def firing_count(self) -> int:
+        return len(self._open)
+
     def _spikes(self, m: FrameMessage, g: GpuFrame) -> list[Alert]:
         out = []
         end = m.tick_ns + self.grid_ns
