@@ -62,10 +62,12 @@ def worker(ctx: click.Context, progress: str, exit_when_idle: float | None, runt
     from aiokafka.errors import KafkaError
 
     from agents.admin import ensure_topics
+    from agents.gc_tuning import tune_for_throughput
     from agents.ingest import CommitError, Ingestor, IngestStats
 
     settings = _settings(ctx)
     ensure_topics(settings)
+    tune_for_throughput()
 
     def report(st: IngestStats) -> None:
         if progress == "json":
@@ -258,8 +260,10 @@ def render(names: list[str], rows: list[tuple[Any, ...]], fmt: str) -> str:
 def demo(ctx: click.Context, duration: float, nodes: int, gpus: int) -> None:
     """Everything on one machine: local Kafka, embedded ClickHouse, a simulated cluster, live progress."""
     from agents.demo import run_demo
+    from agents.gc_tuning import tune_for_throughput
 
     settings = _settings(ctx)
+    tune_for_throughput()
     if settings.clickhouse_backend != "chdb":
         log.info("demo uses the %s backend as configured", settings.clickhouse_backend)
     run_demo(settings, duration, nodes, gpus, Path(__file__).resolve().parents[1])

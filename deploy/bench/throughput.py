@@ -32,6 +32,7 @@ from aiokafka import AIOKafkaConsumer
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from agents.admin import delete_topics, ensure_topics
+from agents.gc_tuning import tune_for_throughput
 from agents.ingest import Ingestor
 from agents.settings import Settings, load_settings
 from agents.simulator import SimulatorPublisher
@@ -279,6 +280,7 @@ def main() -> None:
                     help="which cases to run")
     args = ap.parse_args()
     base = load_settings()
+    tune_for_throughput()  # as `flopwatch worker` does; both sides of every ratio run under it
     results = []
     if args.case in ("all", "batched"):
         results.append(run_case(base, "batched (100 samples/message)", args.samples, 100, args.profile, args.rounds))

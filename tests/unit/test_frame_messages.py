@@ -84,6 +84,15 @@ def test_the_shipped_schema_is_the_generated_one_and_validates_real_messages() -
     (lambda d: d["gpus"][0]["values"].update(power=math.inf), "wrong_type"),
     (lambda d: d["gpus"][0].update(note="because"), "wrong_type"),
     (lambda d: d["gpus"][0]["labels"].update(rank="three"), "wrong_type"),
+    (lambda d: d["gpus"][0]["labels"].update(workload=3), "wrong_type"),
+    (lambda d: d["gpus"][0]["labels"].update(colour="red"), "wrong_type"),
+    (lambda d: d["gpus"][0]["values"].update(power=True), "wrong_type"),
+    (lambda d: d["gpus"][0]["values"].update(power="512"), "wrong_type"),
+    (lambda d: d["gpus"][0]["values"].update(no_such_column=1.0), "unknown_field"),
+    (lambda d: d["gpus"][0]["derived"].update(tflops="fast"), "wrong_type"),
+    (lambda d: d["gpus"][0]["derived"].update(tflops=[1.0]), "wrong_type"),
+    (lambda d: d["gpus"][0].update(note="no_power,because"), "wrong_type"),
+    (lambda d: d["gpus"][0].update(labels=[]), "wrong_type"),
 ])
 def test_a_bad_message_is_refused_with_a_reason(mutate: object, reason: str) -> None:
     doc = orjson.loads(next(encode_batch(sample_batch(), GRID))[2])
@@ -91,3 +100,16 @@ def test_a_bad_message_is_refused_with_a_reason(mutate: object, reason: str) -> 
     with pytest.raises(FrameDecodeError) as err:
         decode_frame_message(orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY).replace(b"Infinity", b"1e999"))
     assert err.value.reason == reason
+
+
+def test_integers_and_nulls_decode_as_the_numbers_they_are() -> None:
+    doc = orjson.loads(next(encode_batch(sample_batch(), GRID))[2])
+    g = doc["gpus"][0]
+    g["values"]["power"] = 512
+    g["derived"]["tflops"] = None
+    g["derived"]["energy_j"] = 7
+    g["labels"]["rank"] = 3
+    got = decode_frame_message(orjson.dumps(doc)).gpus[0]
+    assert type(got.values["power"]) is float and got.values["power"] == 512.0
+    assert got.derived["tflops"] is None and type(got.derived["energy_j"]) is float
+    assert got.labels["rank"] == 3
