@@ -12,6 +12,7 @@ from schemas.catalog import CATALOG
 K8S_EVENTS = "k8s.events"
 CLOCK_SYNC = "clock.sync"
 TRIGGERS = "flopwatch.triggers"
+WORKLOADS = "flopwatch.workloads"  # frames summarised per workload and node, keyed by workload
 ALERTS = "flopwatch.alerts"
 FRAMES = "flopwatch.frames"
 DLQ = "flopwatch.dlq"
@@ -51,12 +52,20 @@ class Topics:
         return self.prefix + ALERTS
 
     @property
+    def triggers(self) -> str:
+        return self.prefix + TRIGGERS
+
+    @property
+    def workloads(self) -> str:
+        return self.prefix + WORKLOADS
+
+    @property
     def inputs(self) -> list[str]:
         return [*self.sensors, self.k8s_events, self.clock_sync]
 
     @property
     def outputs(self) -> list[str]:
-        return [self.frames, self.prefix + TRIGGERS, self.alerts, self.dlq]
+        return [self.frames, self.workloads, self.triggers, self.alerts, self.dlq]
 
     @property
     def all(self) -> list[str]:
