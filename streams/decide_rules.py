@@ -134,7 +134,8 @@ class WorkloadRules:
         elif self.checks >= pol.down_checks:
             step_to = max(cur - pol.max_step_down, ns.min_replicas, 0)
             self._recommend(end, step_to)
-            desired = max(v for _, v in self.recs)
+            highest = max(v for _, v in self.recs)  # HPA's scale-down stabilisation
+            desired = highest if highest < cur else step_to
             evidence = {"sm_active": _ev(t.sm_active, r.sm_active_down, r.check_interval_s,
                                          checks=self.checks, checks_needed=pol.down_checks)}
             self.metric = ("sm_active", t.sm_active or 0.0)
@@ -168,7 +169,7 @@ class WorkloadRules:
             self.first_rec = end
         self.recs.append((end, replicas))
         start = end - int(self.params.rules.stabilisation_s * S)
-        while self.recs and self.recs[0][0] <= start:
+        while len(self.recs) > 1 and self.recs[0][0] <= start:
             self.recs.popleft()
 
     # --- gates ------------------------------------------------------------------------------------------------
@@ -211,7 +212,7 @@ class WorkloadRules:
             if p95 is None or p95 > sla * r.sla_headroom or after is None or after > r.qps_up * r.sla_headroom:
                 gates.append("sla")
         full = self.first_rec is not None and t.end_ns - self.first_rec >= int(r.stabilisation_s * S) - self.grid_ns
-        if not full or desired >= t.replicas:
+        if not full or max(v for _, v in self.recs) >= t.replicas:
             gates.append("stabilisation")
         gates += [g for g in self._common_gates(t, "scale_down") if g not in STALE_GATES]
         return gates

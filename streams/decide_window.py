@@ -49,16 +49,19 @@ class Held:
 class Window:
     """The values of the ticks ending within the last ``window_ns``; missing values are not kept."""
 
-    __slots__ = ("_items", "grid_ns", "newest", "window_ns")
+    __slots__ = ("_items", "first", "grid_ns", "newest", "window_ns")
 
     def __init__(self, window_ns: int, grid_ns: int) -> None:
         self.window_ns = window_ns
         self.grid_ns = grid_ns
         self._items: deque[tuple[int, float]] = deque()
         self.newest: int | None = None
+        self.first: int | None = None  # first tick since the last reset: the window must be spanned
 
     def add(self, tick_ns: int, value: float | None) -> None:
         self.newest = tick_ns
+        if self.first is None:
+            self.first = tick_ns
         if value is not None:
             self._items.append((tick_ns, value))
         start = tick_ns + self.grid_ns - self.window_ns
@@ -69,7 +72,9 @@ class Window:
         return [v for _, v in self._items]
 
     def covered(self, fraction: float = 0.9) -> bool:
-        """At least ``fraction`` of the window's ticks have a value."""
+        """The window has elapsed since the first tick, and at least ``fraction`` of its ticks have a value."""
+        if self.first is None or self.newest is None or self.newest + self.grid_ns - self.first < self.window_ns:
+            return False
         need = max(1, math.ceil(fraction * self.window_ns / self.grid_ns))
         return len(self._items) >= need
 
@@ -88,6 +93,7 @@ class Window:
 
     def reset(self) -> None:
         self._items.clear()
+        self.first = self.newest = None
 
 
 class TokenBucket:
