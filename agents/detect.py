@@ -35,13 +35,13 @@ from typing import Any, Protocol
 import faust
 import orjson
 
+from agents.backoff import with_backoff
 from schemas.alerts import Alert, alert_key, encode_alert
 from schemas.frame_messages import FrameDecodeError, FrameMessage, decode_frame_message
 from schemas.records import Reject, RejectReason
 from streams.detect import Detectors, DetectParams
 
 log = logging.getLogger(__name__)
-SINK_ATTEMPTS = 8  # ~1 min of backoff (0.5 s doubling to 30 s) before a sink or a rebuild gives up
 
 
 class FrameHistory(Protocol):
@@ -154,32 +154,20 @@ class DetectRuntime:
         """Hand ``alerts`` to one sink, retrying with backoff: the detector already counts them as
         sent, so giving up would lose them; an exception leaving the agent would too (Faust acks
         the message in flight when an agent crashes)."""
-        delay = 0.5
-        for attempt in range(SINK_ATTEMPTS):
-            try:
-                await sink.send(alerts)
-                return
-            except Exception as exc:
-                self.stats.errors += 1
-                log.warning("alert sink %s failed (attempt %d of %d): %s", type(sink).__name__, attempt + 1,
-                            SINK_ATTEMPTS, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
-        log.error("alert sink %s gave up on %d alerts: %s", type(sink).__name__, len(alerts),
-                  ", ".join(a.message_id for a in alerts))
+        ok, _ = await with_backoff(f"alert sink {type(sink).__name__}", lambda: sink.send(alerts), self._error)
+        if not ok:
+            log.error("alert sink %s gave up on %d alerts: %s", type(sink).__name__, len(alerts),
+                      ", ".join(a.message_id for a in alerts))
+
+    def _error(self) -> None:
+        self.stats.errors += 1
 
     async def _rebuild_retrying(self, partition: int, offset: int, timestamp_ms: int) -> Detectors:
         """``_rebuild``, retried while Kafka is unreachable; never raises out of the agent."""
-        delay = 0.5
-        for attempt in range(SINK_ATTEMPTS):
-            try:
-                return await self._rebuild(partition, offset, timestamp_ms)
-            except Exception as exc:
-                self.stats.errors += 1
-                log.warning("partition %d: rebuilding detector state failed (attempt %d of %d): %s", partition,
-                            attempt + 1, SINK_ATTEMPTS, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+        ok, det = await with_backoff(f"partition {partition}: rebuilding detector state",
+                                     lambda: self._rebuild(partition, offset, timestamp_ms), self._error)
+        if ok and det is not None:
+            return det
         # Without history: detect from here on, and say so (alerts of the lost window may repeat).
         log.error("partition %d: detector state not rebuilt; starting empty", partition)
         self._sent[partition] = set()
