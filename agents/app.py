@@ -13,17 +13,23 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import faust
 from mode import Service
 
 from agents.deadletter import DeadLetter
-from agents.detect import AlertSink, ClickHouseDetections, DetectRuntime, KafkaAlertSink, install
+from agents.decide import ClickHouseDecisions, DecideRuntime, DecisionSink, KafkaTriggerSink, trigger_id_of
+from agents.decide import install as install_decide
+from agents.detect import AlertSink, ClickHouseDetections, DetectRuntime, KafkaAlertSink, KafkaSummarySink, install
 from agents.history import KafkaFrameHistory
 from agents.ingest import Ingestor, IngestStats
+from agents.pricebook import PriceBookFile
 from agents.producer import SampleProducer
+from agents.scale_view import ScaleView
 from agents.settings import Settings
+from agents.timebase import SYSTEM_CLOCK
 from agents.topics import Topics
 
 
@@ -97,6 +103,10 @@ def create_app(settings: Settings, on_flush: Callable[[IngestStats], None] | Non
     app.flopwatch_ingestor = ingestor  # type: ignore[attr-defined]
     runtime = detect_runtime(settings, app, ingestor) if detect else None
     app.flopwatch_detect = runtime  # type: ignore[attr-defined]
+    view = ScaleView()
+    app.flopwatch_scale_view = view  # type: ignore[attr-defined]
+    deciding = decide_runtime(settings, app, ingestor, view) if detect and settings.decide else None
+    app.flopwatch_decide = deciding  # type: ignore[attr-defined]
 
     def flushed(st: IngestStats) -> None:
         if runtime is not None:  # one progress line for the whole worker
@@ -113,6 +123,8 @@ def create_app(settings: Settings, on_flush: Callable[[IngestStats], None] | Non
     app.service(_BoundIngest)
     if runtime is not None:
         install(app, runtime, app.flopwatch_topics[names.frames])  # type: ignore[attr-defined]
+    if deciding is not None:
+        install_decide(app, deciding, app.flopwatch_topics[names.workloads])  # type: ignore[attr-defined]
     return app
 
 
@@ -121,7 +133,30 @@ def detect_runtime(settings: Settings, app: faust.App, ingestor: Ingestor) -> De
     names = Topics(settings.topic_prefix)
     alerts_topic = app.flopwatch_topics[names.alerts]  # type: ignore[attr-defined]
     sinks: list[AlertSink] = [KafkaAlertSink(alerts_topic), ClickHouseDetections(ingestor.on_clickhouse)]
+    summaries = KafkaSummarySink(app.flopwatch_topics[names.workloads]) if settings.decide else None  # type: ignore[attr-defined]
     return DetectRuntime(settings.detect_params(), settings.align_params().grid_ns,
                          KafkaFrameHistory(settings, names.frames, names.alerts), sinks,
                          DeadLetter(SampleProducer(settings), names.dlq), names.frames,
-                         replay_s=settings.detect_replay_s)
+                         replay_s=settings.detect_replay_s, summaries=summaries,
+                         link_bytes_s=link_capacity(settings))
+
+
+def link_capacity(settings: Settings) -> Callable[[str], float | None]:
+    """PCIe link capacity per direction (B/s) of a GPU model, from the price book's specs."""
+    book = PriceBookFile(Path(settings.price_book) if settings.price_book else None, SYSTEM_CLOCK)
+
+    def bytes_s(model: str) -> float | None:
+        spec = book.current().spec(model) if model else None
+        return spec.pcie_gb_s * 1e9 if spec is not None else None
+
+    return bytes_s
+
+
+def decide_runtime(settings: Settings, app: faust.App, ingestor: Ingestor, view: ScaleView) -> DecideRuntime:
+    """The decision agent's state and outputs: triggers to Kafka, every decision to ClickHouse."""
+    names = Topics(settings.topic_prefix)
+    triggers_topic = app.flopwatch_topics[names.triggers]  # type: ignore[attr-defined]
+    sinks: list[DecisionSink] = [KafkaTriggerSink(triggers_topic), ClickHouseDecisions(ingestor.on_clickhouse)]
+    history = KafkaFrameHistory(settings, names.workloads, names.triggers, id_of=trigger_id_of)
+    return DecideRuntime(settings.decide_params(), history, sinks, DeadLetter(SampleProducer(settings), names.dlq),
+                         names.workloads, view=view, replay_s=settings.decide_replay_s)

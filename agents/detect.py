@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -36,10 +36,13 @@ import faust
 import orjson
 
 from agents.backoff import with_backoff
+from agents.partition_agent import declare
 from schemas.alerts import Alert, alert_key, encode_alert
 from schemas.frame_messages import FrameDecodeError, FrameMessage, decode_frame_message
 from schemas.records import Reject, RejectReason
+from schemas.workload_samples import WorkloadSample, encode_workload_sample
 from streams.detect import Detectors, DetectParams
+from streams.workload_tap import WorkloadTap
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +56,12 @@ class FrameHistory(Protocol):
 
 class AlertSink(Protocol):
     async def send(self, alerts: Sequence[Alert]) -> None: ...
+
+
+class SummarySink(Protocol):
+    """Where each frame's per-workload summaries go (``flopwatch.workloads``, keyed by workload)."""
+
+    async def send(self, samples: Sequence[WorkloadSample], timestamp_ms: int) -> None: ...
 
 
 class Rejects(Protocol):
@@ -78,7 +87,9 @@ class DetectRuntime:
     """Per-partition detectors, rebuilt on first use after an assignment; shared by the agent and tests."""
 
     def __init__(self, params: DetectParams, grid_ns: int, history: FrameHistory, sinks: Sequence[AlertSink],
-                 rejects: Rejects | None, topic: str, replay_s: float = 180.0) -> None:
+                 rejects: Rejects | None, topic: str, replay_s: float = 180.0,
+                 summaries: SummarySink | None = None,
+                 link_bytes_s: Callable[[str], float | None] = lambda _model: None) -> None:
         self.params = params
         self.grid_ns = grid_ns
         self.history = history
@@ -87,7 +98,10 @@ class DetectRuntime:
         self.topic = topic
         self.replay_ms = int(replay_s * 1000)
         self.stats = DetectStats()
+        self.summaries = summaries
+        self.link_bytes_s = link_bytes_s
         self._by_partition: dict[int, Detectors] = {}
+        self._taps: dict[int, WorkloadTap] = {}
         # Per partition, message ids already on the alerts topic when its state was rebuilt:
         # frames past the last commit are processed again, and their alerts must not go twice.
         self._sent: dict[int, set[str]] = {}
@@ -98,6 +112,7 @@ class DetectRuntime:
     def revoke(self, partitions: Sequence[int]) -> None:
         for p in partitions:
             self._by_partition.pop(p, None)
+            self._taps.pop(p, None)
             self._sent.pop(p, None)
 
     async def handle(self, partition: int, offset: int, timestamp_ms: int, key: bytes | None,
@@ -141,7 +156,30 @@ class DetectRuntime:
             for a in alerts:
                 self.stats.by_rule[a.rule] = self.stats.by_rule.get(a.rule, 0) + 1
         self.stats.firing = sum(d.firing_count for d in self._by_partition.values())  # per frame: no lists
+        if self.summaries is not None:
+            await self._summarise(partition, det, msg)
         return alerts
+
+    def _tap(self, partition: int) -> WorkloadTap:
+        tap = self._taps.get(partition)
+        if tap is None:
+            tap = self._taps[partition] = WorkloadTap(self.params.spike_thresholds, self.link_bytes_s)
+        return tap
+
+    async def _summarise(self, partition: int, det: Detectors, msg: FrameMessage) -> None:
+        assert self.summaries is not None
+        try:
+            samples = self._tap(partition).summarise(msg, det.drifting(msg.node))
+        except Exception as exc:  # the frame was detected on; a summary bug must not stop the agent
+            self.stats.errors += 1
+            log.error("workload summary failed for %s@%d", msg.node, msg.tick_ns, exc_info=exc)
+            return
+        if samples:
+            sink = self.summaries
+            ok, _ = await with_backoff("workload summaries", lambda: sink.send(samples, msg.tick_ns // 1_000_000),
+                                       self._error)
+            if not ok:
+                log.error("gave up on %d workload summaries of %s@%d", len(samples), msg.node, msg.tick_ns)
 
     async def _reject(self, reject: Reject, key: bytes | None, value: bytes | None, partition: int,
                       offset: int) -> None:
@@ -181,9 +219,12 @@ class DetectRuntime:
         since = min(self.wall_ms() - 600_000, timestamp_ms - self.replay_ms)
         self._sent[partition] = await self.history.sent_alerts(since)
         replayed = await self.history.read(partition, timestamp_ms - self.replay_ms, offset)
+        tap = self._taps[partition] = WorkloadTap(self.params.spike_thresholds, self.link_bytes_s)
         for raw in replayed:
             try:
-                det.on_message(decode_frame_message(raw))  # alerts dropped: sent before the crash
+                msg = decode_frame_message(raw)
+                det.on_message(msg)  # alerts dropped: sent before the crash
+                tap.summarise(msg, det.drifting(msg.node))  # summaries too: the tap only learns who held what
             except Exception:  # counted when it was first read; a replay only rebuilds state
                 continue
         self.stats.replayed += len(replayed)
@@ -191,6 +232,17 @@ class DetectRuntime:
         if replayed:
             log.info("partition %d: detector state rebuilt from %d frames", partition, len(replayed))
         return det
+
+
+class KafkaSummarySink:
+    """Sends workload summaries to ``flopwatch.workloads`` keyed by workload, the tick as the Kafka timestamp."""
+
+    def __init__(self, topic: Any) -> None:
+        self.topic = topic
+
+    async def send(self, samples: Sequence[WorkloadSample], timestamp_ms: int) -> None:
+        for s in samples:
+            await self.topic.send(key=s.key, value=encode_workload_sample(s), timestamp=timestamp_ms / 1000)
 
 
 class KafkaAlertSink:
@@ -228,19 +280,5 @@ def detection_columns(alerts: Sequence[Alert]) -> dict[str, list[Any]]:
 
 def install(app: faust.App, runtime: DetectRuntime, frames_topic: Any) -> Any:
     """Declare the agent on ``app``; returns it (tests drive it with ``agent.test_context()``)."""
-
-    async def detect(stream: faust.StreamT[Any]) -> AsyncIterator[list[Alert]]:
-        async for event in stream.events():
-            m = event.message
-            ts_ms = int(m.timestamp * 1000) if m.timestamp else 0
-            # One result per message, alerts or none (what test_context's put() waits for).
-            yield await runtime.handle(m.partition, m.offset, ts_ms, event.key, event.value)
-
-    agent = app.agent(frames_topic, name="flopwatch.detect", concurrency=1)(detect)
-
-    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
-    async def _revoked(sender: Any, revoked: Any, **_: Any) -> None:
-        runtime.revoke(sorted({tp.partition for tp in revoked if tp.topic == runtime.topic}))
-
-    return agent
+    return declare(app, frames_topic, "flopwatch.detect", runtime.handle, runtime.topic, runtime.revoke)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -27,10 +27,12 @@ class KafkaFrameHistory:
     """``agents.detect.FrameHistory`` over the frames topic (frames carry their tick as the timestamp),
     and the alerts already on the alerts topic."""
 
-    def __init__(self, settings: Settings, topic: str, alerts_topic: str) -> None:
+    def __init__(self, settings: Settings, topic: str, alerts_topic: str,
+                 id_of: Callable[[bytes], str] = _message_id) -> None:
         self.settings = settings
         self.topic = topic
-        self.alerts_topic = alerts_topic
+        self.alerts_topic = alerts_topic  # or the triggers topic, with its own ``id_of``
+        self.id_of = id_of
 
     async def sent_alerts(self, since_wall_ms: int) -> set[str]:
         """Message ids (``id:state``) of the alerts sent since ``since_wall_ms`` (their Kafka time is
@@ -65,7 +67,7 @@ class KafkaFrameHistory:
                 for tp, recs in batch.items():
                     for r in recs:
                         if r.value is not None:
-                            out.add(_message_id(r.value))
+                            out.add(self.id_of(r.value))
                     if recs and recs[-1].offset + 1 >= left[tp]:
                         del left[tp]
                         consumer.pause(tp)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from streams.align import AlignParams
+from streams.decide_params import DecideParams, PolicyError, parse_decide_policy
 from streams.detect import DetectParams
 from streams.drift import DriftParams
 
@@ -149,6 +150,31 @@ class Settings:
     detect_replay_s: float = 180.0
     """Frames replayed (event time) to rebuild detector state after a restart or rebalance;
     FLOPWATCH_DETECT_REPLAY_S."""
+
+    decide: bool = True
+    """Run the decision agent (scale triggers to flopwatch.triggers, rows to scale_decisions); FLOPWATCH_DECIDE."""
+    decide_policy: str = ""
+    """Path of the decision policy TOML (thresholds, windows, classes, namespace quotas; streams.decide_params);
+    empty: the defaults; FLOPWATCH_DECIDE_POLICY."""
+    decide_replay_s: float = 900.0
+    """Workload summaries replayed (event time) to rebuild decision state: must cover the stabilisation
+    window, the cooldown and the rollback watch; FLOPWATCH_DECIDE_REPLAY_S."""
+
+    def decide_params(self) -> DecideParams:
+        """The decision policy: the defaults, or the policy file; a bad file is a ``SettingsError``."""
+        if not self.decide_policy:
+            return DecideParams()
+        try:
+            with open(self.decide_policy, "rb") as f:
+                doc = tomllib.load(f)
+        except OSError as exc:
+            raise SettingsError(f"decide_policy: cannot read {self.decide_policy}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingsError(f"decide_policy: {self.decide_policy}: {exc}") from None
+        try:
+            return parse_decide_policy(doc, self.decide_policy)
+        except PolicyError as exc:
+            raise SettingsError(str(exc)) from None
 
     def align_params(self) -> AlignParams:
         return AlignParams(

@@ -106,11 +106,27 @@ def detections(db: str, layout: Layout = "current") -> str:
             "ENGINE = ReplacingMergeTree\nORDER BY (id, state)")
 
 
-def k8s_events(db: str, layout: Layout = "current") -> str:
+def _types(db: str, layout: Layout, ts_digits: int = 3) -> tuple[str, str]:
+    """The database name checked, and the label and time column types of ``layout``."""
     check_identifier(db)
     cur = layout == "current"
-    lc = "LowCardinality(String)" if cur else "String"
-    ts = "DateTime64(9, 'UTC')" if cur else "UInt64"
+    return ("LowCardinality(String)" if cur else "String"), (f"DateTime64({ts_digits}, 'UTC')" if cur else "UInt64")
+
+
+def scale_decisions(db: str, layout: Layout = "current") -> str:
+    """Every decision of the engine: taken (its trigger went to Kafka), withheld (``gate`` held it) and
+    rollbacks (``reverses``). A replay rewrites the same (id, outcome) row, which the engine collapses."""
+    lc, ts = _types(db, layout)
+    return (f"CREATE TABLE IF NOT EXISTS {db}.scale_decisions (\n  ts {ts}, id String, outcome {lc}, action {lc},"
+            f" namespace {lc}, workload {lc}, workload_class {lc}, current UInt32, desired UInt32, delta Int32,"
+            f" reasons Array(String), gate {lc}, gates Array(String), evidence String, reverses String,"
+            f" idempotency_key String, before_replicas UInt32, before_desired UInt32, before_action {lc},"
+            " before_action_ts_ns Int64\n)\n"
+            "ENGINE = ReplacingMergeTree\nORDER BY (id, outcome)")
+
+
+def k8s_events(db: str, layout: Layout = "current") -> str:
+    lc, ts = _types(db, layout, 9)
     return (f"CREATE TABLE IF NOT EXISTS {db}.k8s_events (\n  ts {ts}, node {lc}, type {lc}, reason {lc}, kind {lc},"
             f" namespace {lc}, pod String, workload {lc}, gpus Array(String), message String,"
             f" kafka_topic {lc}, kafka_partition UInt32, kafka_offset UInt64\n)\n"
@@ -136,4 +152,5 @@ def node_progress(db: str, layout: Layout = "current") -> str:
 
 def all_tables(db: str, layout: Layout = "current") -> list[str]:
     return [f"CREATE DATABASE IF NOT EXISTS {check_identifier(db)}", gpu_frames(db, layout), k8s_events(db, layout),
-            ingest_progress(db, layout), node_progress(db, layout), detections(db, layout)]
+            ingest_progress(db, layout), node_progress(db, layout), detections(db, layout),
+            scale_decisions(db, layout)]

@@ -99,6 +99,10 @@ class Detectors:
     def firing_count(self) -> int:
         return len(self._open)
 
+    def drifting(self, node: str) -> frozenset[str]:
+        """The node's GPUs with an ``efficiency_drift`` episode open."""
+        return frozenset(g for rule, n, g in self._open if n == node and rule == DRIFT_RULE)
+
     def _spikes(self, m: FrameMessage, g: GpuFrame) -> list[Alert]:
         out = []
         end = m.tick_ns + self.grid_ns

@@ -277,18 +277,21 @@ def test_topic_names_with_prefix() -> None:
     assert t.sensors[0] == "pre.sensors.gpu_util" and t.sensor(4) == "pre.sensors.power"
     assert t.k8s_events == "pre.k8s.events"
     assert t.clock_sync == "pre.clock.sync"
-    assert t.outputs == ["pre.flopwatch.frames", "pre.flopwatch.triggers", "pre.flopwatch.alerts", "pre.flopwatch.dlq"]
+    assert t.outputs == ["pre.flopwatch.frames", "pre.flopwatch.workloads", "pre.flopwatch.triggers",
+                         "pre.flopwatch.alerts", "pre.flopwatch.dlq"]
+    assert (t.workloads, t.triggers) == ("pre.flopwatch.workloads", "pre.flopwatch.triggers")
     assert (t.frames, t.alerts) == ("pre.flopwatch.frames", "pre.flopwatch.alerts")
     assert t.dlq == "pre.flopwatch.dlq"
     assert t.inputs == [*t.sensors, "pre.k8s.events", "pre.clock.sync"]
     assert t.all == [*t.inputs, *t.outputs]
-    assert len(set(t.all)) == 29
+    assert len(set(t.all)) == 30
 
 
 def test_topic_names_without_prefix() -> None:
     t = Topics()
     assert "sensors.disk_write" in t.sensors
-    assert t.outputs == ["flopwatch.frames", "flopwatch.triggers", "flopwatch.alerts", "flopwatch.dlq"]
+    assert t.outputs == ["flopwatch.frames", "flopwatch.workloads", "flopwatch.triggers", "flopwatch.alerts",
+                         "flopwatch.dlq"]
     assert (t.k8s_events, t.clock_sync) == ("k8s.events", "clock.sync")
 
 
