@@ -25,12 +25,14 @@ from agents.decide import install as install_decide
 from agents.detect import AlertSink, ClickHouseDetections, DetectRuntime, KafkaAlertSink, KafkaSummarySink, install
 from agents.history import KafkaFrameHistory
 from agents.ingest import Ingestor, IngestStats
+from agents.metrics import AlertDelays, Metrics
 from agents.pricebook import PriceBookFile
 from agents.producer import SampleProducer
 from agents.scale_view import ScaleView
 from agents.settings import Settings
 from agents.timebase import SYSTEM_CLOCK
 from agents.topics import Topics
+from agents.web import WebOptions, install_web
 
 
 def broker_credentials(settings: Settings) -> Any:
@@ -91,7 +93,7 @@ def create_app(settings: Settings, on_flush: Callable[[IngestStats], None] | Non
         consumer_auto_offset_reset="earliest",
         store="memory://",
         autodiscover=False,
-        web_enabled=False,
+        **WebOptions.from_settings(settings).app_kwargs(),
     )
     names = Topics(settings.topic_prefix)
     app.flopwatch_topics = {  # type: ignore[attr-defined]
@@ -101,18 +103,26 @@ def create_app(settings: Settings, on_flush: Callable[[IngestStats], None] | Non
     }
     ingestor = Ingestor(settings)
     app.flopwatch_ingestor = ingestor  # type: ignore[attr-defined]
-    runtime = detect_runtime(settings, app, ingestor) if detect else None
+    metrics = Metrics()
+    app.flopwatch_metrics = metrics  # type: ignore[attr-defined]
+    runtime = detect_runtime(settings, app, ingestor, metrics) if detect else None
     app.flopwatch_detect = runtime  # type: ignore[attr-defined]
     view = ScaleView()
     app.flopwatch_scale_view = view  # type: ignore[attr-defined]
-    deciding = decide_runtime(settings, app, ingestor, view) if detect and settings.decide else None
+    deciding = decide_runtime(settings, app, ingestor, view, metrics) if detect and settings.decide else None
     app.flopwatch_decide = deciding  # type: ignore[attr-defined]
 
     def flushed(st: IngestStats) -> None:
+        metrics.observe_ingest(st)
         if runtime is not None:  # one progress line for the whole worker
             d = runtime.stats
+            metrics.observe_detect(d)
             st.detect = {"frames": d.frames, "alerts": d.alerts, "firing": d.firing, "rebuilds": d.rebuilds,
                          "replayed": d.replayed, "rejects": d.rejects, "errors": d.errors}
+        if deciding is not None:
+            c = deciding.stats
+            st.detect = {**st.detect, "summaries": c.samples, "triggers": c.taken, "withheld": c.withheld,
+                         "decide_rebuilds": c.rebuilds, "decide_errors": c.errors}
         if on_flush is not None:
             on_flush(st)
 
@@ -125,14 +135,17 @@ def create_app(settings: Settings, on_flush: Callable[[IngestStats], None] | Non
         install(app, runtime, app.flopwatch_topics[names.frames])  # type: ignore[attr-defined]
     if deciding is not None:
         install_decide(app, deciding, app.flopwatch_topics[names.workloads])  # type: ignore[attr-defined]
+    if settings.web_enabled:
+        install_web(app, metrics, view)  # routes are fixed once the server runs
     return app
 
 
-def detect_runtime(settings: Settings, app: faust.App, ingestor: Ingestor) -> DetectRuntime:
+def detect_runtime(settings: Settings, app: faust.App, ingestor: Ingestor, metrics: Metrics) -> DetectRuntime:
     """The detection agent's state and outputs: alerts to Kafka and to ClickHouse, rejects to the DLQ."""
     names = Topics(settings.topic_prefix)
     alerts_topic = app.flopwatch_topics[names.alerts]  # type: ignore[attr-defined]
-    sinks: list[AlertSink] = [KafkaAlertSink(alerts_topic), ClickHouseDetections(ingestor.on_clickhouse)]
+    sinks: list[AlertSink] = [KafkaAlertSink(alerts_topic), ClickHouseDetections(ingestor.on_clickhouse),
+                              AlertDelays(metrics)]
     summaries = KafkaSummarySink(app.flopwatch_topics[names.workloads]) if settings.decide else None  # type: ignore[attr-defined]
     return DetectRuntime(settings.detect_params(), settings.align_params().grid_ns,
                          KafkaFrameHistory(settings, names.frames, names.alerts), sinks,
@@ -152,11 +165,13 @@ def link_capacity(settings: Settings) -> Callable[[str], float | None]:
     return bytes_s
 
 
-def decide_runtime(settings: Settings, app: faust.App, ingestor: Ingestor, view: ScaleView) -> DecideRuntime:
+def decide_runtime(settings: Settings, app: faust.App, ingestor: Ingestor, view: ScaleView,
+                   metrics: Metrics) -> DecideRuntime:
     """The decision agent's state and outputs: triggers to Kafka, every decision to ClickHouse."""
     names = Topics(settings.topic_prefix)
     triggers_topic = app.flopwatch_topics[names.triggers]  # type: ignore[attr-defined]
     sinks: list[DecisionSink] = [KafkaTriggerSink(triggers_topic), ClickHouseDecisions(ingestor.on_clickhouse)]
     history = KafkaFrameHistory(settings, names.workloads, names.triggers, id_of=trigger_id_of)
     return DecideRuntime(settings.decide_params(), history, sinks, DeadLetter(SampleProducer(settings), names.dlq),
-                         names.workloads, view=view, replay_s=settings.decide_replay_s)
+                         names.workloads, view=view, replay_s=settings.decide_replay_s,
+                         on_decision=lambda d: metrics.record_decision(d.trigger.action, d.outcome, d.gate))

@@ -151,6 +151,12 @@ class Settings:
     """Frames replayed (event time) to rebuild detector state after a restart or rebalance;
     FLOPWATCH_DETECT_REPLAY_S."""
 
+    web_enabled: bool = True
+    """Serve ``/metrics`` (Prometheus) and ``/keda`` (KEDA metrics-api) from the worker; FLOPWATCH_WEB_ENABLED."""
+    web_bind: str = "127.0.0.1"
+    """Address the web server listens on (``0.0.0.0`` in a pod); FLOPWATCH_WEB_BIND."""
+    web_port: int = 6066
+    """Port of the web server; FLOPWATCH_WEB_PORT."""
     decide: bool = True
     """Run the decision agent (scale triggers to flopwatch.triggers, rows to scale_decisions); FLOPWATCH_DECIDE."""
     decide_policy: str = ""

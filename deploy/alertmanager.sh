@@ -76,36 +76,7 @@ EOF
 }
 
 
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
-# /-/ready answers 200 once the configuration is loaded and the API serves.
-ready() {
-  local py="$repo_root/.venv/bin/python"
-  [[ -x "$py" ]] || py=python3
-  "$py" - "$url/-/ready" <<'EOF' 2>/dev/null
-import sys, urllib.request
-with urllib.request.urlopen(sys.argv[1], timeout=2) as r:
-    sys.exit(0 if r.status == 200 else 1)
-EOF
-}
-
-wait_ready() {  # [pid]
-  local deadline=$((SECONDS + timeout_s))
-  while ((SECONDS < deadline)); do
-    if [[ -n "${1:-}" ]] && ! kill -0 "$1" 2>/dev/null; then
-      tail -n 30 "$logs/alertmanager.log" >&2 2>/dev/null || true
-      rm -f "$pidfile"
-      die "exited during startup (log: $logs/alertmanager.log)"
-    fi
-    if ready; then
-      echo "$url"
-      return 0
-    fi
-    sleep 0.3
-  done
-  tail -n 30 "$logs/alertmanager.log" >&2 2>/dev/null || true
-  die "not ready after ${timeout_s}s at $url"
-}
+wait_ready() { wait_ready_log "$logs/alertmanager.log" "${1:-}"; }  # [pid]
 
 do_start() {
   if pid_alive; then

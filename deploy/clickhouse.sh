@@ -212,7 +212,6 @@ EOF
 }
 
 
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 ready() { client -q 'SELECT 1' >/dev/null 2>&1; }
 

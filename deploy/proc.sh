@@ -2,7 +2,7 @@
 #
 # The caller sets: pidfile (where the pid lives), config (a path that appears in our
 # process's command line, so a reused pid or a system-wide server is never taken for
-# ours) and defines say().
+# ours) and defines say() and die(); the HTTP helpers also use url, repo_root and timeout_s.
 
 pid_alive() {
   [[ -f "$pidfile" ]] || return 1
@@ -33,4 +33,37 @@ do_stop() {
   fi
   rm -f "$pidfile"
   say "stopped"
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# ready: 0 once "$url/-/ready" answers 200 (Prometheus and Alertmanager: configuration loaded, API up).
+ready() {
+  local py="$repo_root/.venv/bin/python"
+  [[ -x "$py" ]] || py=python3
+  "$py" - "$url/-/ready" <<'EOF' 2>/dev/null
+import sys, urllib.request
+with urllib.request.urlopen(sys.argv[1], timeout=2) as r:
+    sys.exit(0 if r.status == 200 else 1)
+EOF
+}
+
+# wait_ready_log LOG [pid]: print $url once ready within $timeout_s; fail with the log's tail if the
+# process (pid) exits first or the time runs out.
+wait_ready_log() {
+  local log="$1" pid="${2:-}" deadline=$((SECONDS + timeout_s))
+  while ((SECONDS < deadline)); do
+    if [[ -n "$pid" ]] && ! kill -0 "$pid" 2>/dev/null; then
+      tail -n 30 "$log" >&2 2>/dev/null || true
+      rm -f "$pidfile"
+      die "exited during startup (log: $log)"
+    fi
+    if ready; then
+      echo "$url"
+      return 0
+    fi
+    sleep 0.3
+  done
+  tail -n 30 "$log" >&2 2>/dev/null || true
+  die "not ready after ${timeout_s}s at $url"
 }

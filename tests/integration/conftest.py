@@ -48,7 +48,8 @@ def base_settings(service_env: dict[str, str], tmp_path: Path) -> Iterator[Setti
     env = {k: v for k, v in service_env.items() if not k.startswith("FLOPWATCH_CLICKHOUSE")}
     settings = load_settings(env, topic_prefix=f"t{tag}.", group_id=f"g{tag}", partitions=4,
                              chdb_path=str(tmp_path / "chdb"), clickhouse_database=f"fw_{tag}",
-                             source_idle_s=1.0, flush_interval_ms=300, lateness_ms=1000, clock_wait_s=1.0)
+                             source_idle_s=1.0, flush_interval_ms=300, lateness_ms=1000, clock_wait_s=1.0,
+                             web_enabled=False)  # tests that want the pages pick a free port
     ensure_topics(settings)
     yield settings
     delete_topics(settings)

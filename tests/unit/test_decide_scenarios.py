@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from streams.decide_sim import SCENARIOS, S, check, flaps, run_scenario
+from streams.decide_params import S
+from streams.decide_sim import SCENARIOS, check, flaps, run_scenario
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
