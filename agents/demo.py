@@ -27,6 +27,7 @@ from agents.settings import Settings
 from agents.simulator import PublishStats, SimulatorPublisher
 from schemas.alerts import Alert
 from schemas.frame_messages import FrameMessage, GpuFrame
+from streams.decide_rules import Decision
 from streams.scenario import load_scenario
 from streams.simulate import SimParams
 
@@ -67,6 +68,7 @@ class LiveView:
     def __init__(self) -> None:
         self.latest: dict[tuple[str, str], tuple[int, int, GpuFrame]] = {}
         self.alerts: deque[Alert] = deque(maxlen=10)
+        self.decisions: deque[Decision] = deque(maxlen=8)
 
     def on_frame(self, m: FrameMessage) -> None:
         for g in m.gpus:
@@ -88,6 +90,19 @@ class LiveView:
                       "yes" if d["idle"] == 1.0 else ("" if d["idle"] is not None else "?"))
         return t
 
+    def decision_table(self, t0_ns: int) -> Table:
+        t = Table("t s", "outcome", "action", "workload", "replicas", "reasons", "held by",
+                  title="scale decisions (flopwatch.triggers, ClickHouse scale_decisions)")
+        for d in self.decisions:
+            tr = d.trigger
+            style = "bold" if d.outcome == "taken" else "dim"
+            t.add_row(f"{(tr.ts_ns - t0_ns) / 1e9:5.0f}", f"[{style}]{d.outcome}[/{style}]", tr.action,
+                      f"{tr.namespace}/{tr.workload}", f"{tr.current} -> {tr.desired}", ",".join(tr.reasons),
+                      d.gate or "")
+        if not self.decisions:
+            t.add_row("", "", "none yet", "", "", "", "")
+        return t
+
     def alert_table(self, t0_ns: int) -> Table:
         t = Table("t s", "state", "rule", "node/gpu", "value", "threshold", "baseline",
                   title="alerts (flopwatch.alerts, ClickHouse detections)")
@@ -98,6 +113,16 @@ class LiveView:
         if not self.alerts:
             t.add_row("", "", "none yet", "", "", "", "")
         return t
+
+
+class DecisionFeed:
+    """A decision sink beside Kafka and ClickHouse, for the live view."""
+
+    def __init__(self, view: LiveView) -> None:
+        self.view = view
+
+    async def send(self, decisions: Sequence[Decision]) -> None:
+        self.view.decisions.extend(decisions)
 
 
 def _fmt(v: float | None, spec: str, scale: float = 1.0) -> str:
@@ -150,11 +175,15 @@ def run_demo(settings: Settings, duration: float, nodes: int, gpus: int, root: P
         runtime = app.flopwatch_detect  # type: ignore[attr-defined]
         runtime.on_frame = view.on_frame
         runtime.sinks.append(view)
+        deciding = app.flopwatch_decide  # type: ignore[attr-defined]
+        if deciding is not None:
+            deciding.sinks.append(DecisionFeed(view))
         asyncio.run(_run(app, ingestor, view, pub, producer, stop_pub, duration, params.start_ns))
         producer.join(10)
         pub.producer.close()
         console.print(_progress(pub.stats, ingestor.stats, duration, duration))
         console.print(view.alert_table(params.start_ns))
+        console.print(view.decision_table(params.start_ns))
         console.print(_summary(settings))
         console.print(f"data: {Path(settings.chdb_path).resolve()}\ntry: flopwatch sql \"SELECT ts, node, gpu, "
                       "tflops, flops_per_watt, cost_per_tflops FROM flopwatch.gpu_frames ORDER BY ts DESC LIMIT 5\"")
@@ -174,7 +203,7 @@ async def _run(app: faust.App, ingestor: Ingestor, view: LiveView, pub: Simulato
                 await asyncio.sleep(0.25)
                 st = ingestor.stats
                 live.update(Group(_progress(pub.stats, st, time.monotonic() - t0, duration), view.gpus(t0_ns),
-                                  view.alert_table(t0_ns)))
+                                  view.alert_table(t0_ns), view.decision_table(t0_ns)))
                 drained = st.samples >= pub.stats.samples and st.lag == 0 and st.open_cells == 0
                 if not producer.is_alive() and drained:
                     await asyncio.sleep(2.0)  # the agent reads the last frames
