@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from agents.settings import Settings
 from agents.timebase import SYSTEM_CLOCK
 from agents.topics import Topics
 from agents.web import WebOptions, install_web
+from streams.decide_rules import Decision
 
 
 def broker_credentials(settings: Settings) -> Any:
@@ -174,4 +176,10 @@ def decide_runtime(settings: Settings, app: faust.App, ingestor: Ingestor, view:
     history = KafkaFrameHistory(settings, names.workloads, names.triggers, id_of=trigger_id_of)
     return DecideRuntime(settings.decide_params(), history, sinks, DeadLetter(SampleProducer(settings), names.dlq),
                          names.workloads, view=view, replay_s=settings.decide_replay_s,
-                         on_decision=lambda d: metrics.record_decision(d.trigger.action, d.outcome, d.gate))
+                         on_decision=lambda d: record_decision(metrics, d))
+
+
+def record_decision(metrics: Metrics, d: Decision) -> None:
+    metrics.record_decision(d.trigger.action, d.outcome, d.gate)
+    if d.outcome == "taken":  # wall clock from the end of the deciding tick to the trigger's send
+        metrics.observe_delay("trigger", max(0.0, (time.time_ns() - d.trigger.ts_ns) / 1e9))

@@ -86,8 +86,11 @@ class DecideRuntime:
 
     def revoke(self, partitions: Sequence[int]) -> None:
         for p in partitions:
-            self._by_partition.pop(p, None)
+            dec = self._by_partition.pop(p, None)
             self._sent.pop(p, None)
+            if dec is not None and self.view is not None:
+                for rules in dec.workloads():  # KEDA must not read a stale answer from this worker
+                    self.view.remove(rules.namespace, rules.workload)
 
     async def handle(self, partition: int, offset: int, timestamp_ms: int, key: bytes | None,
                      value: bytes | None) -> list[Decision]:

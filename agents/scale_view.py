@@ -34,6 +34,10 @@ class ScaleView:
             self._by_key.pop(next(iter(self._by_key)))  # bounded: the oldest workload goes
         self._by_key[key] = d
 
+    def remove(self, namespace: str, workload: str) -> None:
+        """A workload whose partition moved to another worker: this one must not answer for it."""
+        self._by_key.pop((namespace, workload), None)
+
     def get(self, namespace: str, workload: str) -> Desired | None:
         return self._by_key.get((namespace, workload))
 

@@ -63,6 +63,7 @@ class Scenario:
     lagged: tuple[tuple[float, float, float], ...] = ()  # (from_s, to_s, lag_s): the worker reads that late
     params: DecideParams = field(default_factory=DecideParams)
     expect: tuple[Expect, ...] = ()
+    node_offset: int = 0  # first node's number: scenarios run side by side on distinct nodes
     start_ns: int = 1_796_200_000_000_000_000
 
 
@@ -95,7 +96,7 @@ def run_scenario(sc: Scenario, grid_s: float = 1.0) -> Run:
         lag = max([lag for a, b, lag in sc.lagged if a <= t_s < b], default=0.0)
         now = tick + grid + int((2.0 + lag) * S)  # the allowed lateness, plus any consumer lag
         for n in range(sc.nodes):
-            node = node_name(n)
+            node = node_name(n + sc.node_offset)
             if any(node == s and a <= t_s < b for s, a, b in sc.stopped):
                 continue
             m = _frame(sc, node, n, tick, grid, replicas, t_s)

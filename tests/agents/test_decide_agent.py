@@ -132,3 +132,17 @@ async def _detect_publishes() -> None:
     tap = WorkloadTap(DetectParams().spike_thresholds, lambda _m: 32e9)
     assert out.samples == [s for m in run.frames[:40] for s in tap.summarise(m, ())]
     assert {s.node for s in out.samples} == {"node-00", "node-01"} and all(s.gpus == 2 for s in out.samples)
+
+
+def test_a_revoked_partition_leaves_the_keda_view() -> None:
+    asyncio.run(_revoked())
+
+
+async def _revoked() -> None:
+    samples, _ = summaries()
+    agent, runtime, _, _, clock = make(History([]))
+    async with agent.test_context() as tc:
+        await put_all(tc, samples[:20], clock)
+    assert runtime.view is not None and runtime.view.get("serving", "chat") is not None
+    runtime.revoke([0])
+    assert runtime.view.get("serving", "chat") is None
