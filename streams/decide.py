@@ -6,8 +6,8 @@ Everything is a function of that sequence (and of ``now_ns`` for the age check),
 decide agent rebuilds its state after a crash by replaying the topic, and the decisions
 come out with the same ids.
 
-A workload's tick is evaluated once every node that is live for the workload sent it, or
-``tick_grace_s`` after a later tick arrived. Staleness (seed 001 §2.5): a tick that misses
+A workload's tick is evaluated once every node the workload runs on sent it, or once another
+node is ``tick_grace_s`` ahead of it. Staleness (seed 001 §2.5): a tick that misses
 a node the workload is on, or whose end is more than ``max_age_s`` older than ``now_ns``,
 is still used to update the rule windows, but nothing is taken on it: what would have
 been taken is ``withheld`` with gate ``stale_node`` or ``stale_data``. A node that left the
@@ -99,8 +99,9 @@ class Decider:
         out: list[Decision] = []
         newest = max(w.nodes.values(), default=-1)
         for tick in sorted(w.pending):
-            live = [n for n, last in w.nodes.items() if last >= tick - int(r.stale_node_s * S)]
-            complete = all(w.nodes[n] >= tick for n in live)
+            # Wait for every node the workload runs on, however far behind: partitions read at
+            # different speeds (a catch-up) look like this, and so does a collector that stopped.
+            complete = all(last >= tick for last in w.nodes.values())
             if not complete and newest - tick < int(r.tick_grace_s * S):
                 break
             out += self._evaluate(w, tick, w.pending.pop(tick), now_ns)

@@ -65,10 +65,9 @@ class Rules:
     rate_per_min: float = 6.0  # token bucket of the whole engine (one decide partition)
     rate_burst: float = 10.0
     # Staleness (seed 001 §2.5).
-    stale_node_s: float = 5.0  # a node of the workload silent longer than this: the workload is stale
     forget_node_s: float = 600.0  # ... and after this it is taken as gone
     max_age_s: float = 30.0  # a tick older than this (wall clock, past its end) is too old to act on
-    tick_grace_s: float = 10.0  # a tick is evaluated once every live node sent it, or this much later
+    tick_grace_s: float = 30.0  # a tick waits this long (event time) for a node that is behind; as max_age_s
     # Rollback (seed 001 §4.2).
     watch_s: float = 120.0
 

@@ -136,9 +136,11 @@ def consumer(settings: Settings, tag: str) -> Consumer:
     return c
 
 
-def publish(p: Producer, topic: str, frames: list[FrameMessage]) -> None:
+def publish(p: Producer, topic: str, frames: list[FrameMessage], partition: int = -1) -> None:
+    """``partition`` >= 0 puts every frame there (a backlog whose nodes share a partition, see README)."""
     for m in frames:
-        p.produce(topic, key=m.node.encode(), value=encode_frame_message(m), timestamp=m.tick_ns // 1_000_000)
+        p.produce(topic, key=m.node.encode(), value=encode_frame_message(m), timestamp=m.tick_ns // 1_000_000,
+                  partition=partition)
     p.flush(30)
 
 
@@ -225,7 +227,7 @@ def sigkill(tmp: str) -> dict[str, Any]:
     seen: dict[str, tuple[Trigger, int]] = {}
     copies: Counter[str] = Counter()
     try:
-        publish(p, topic, run.frames[:cut])
+        publish(p, topic, run.frames[:cut], partition=0)
         proc = worker(settings, Path(tmp) / f"{tag}-1.log")
         c = consumer(settings, tag)
         deadline = time.monotonic() + 120
@@ -233,7 +235,7 @@ def sigkill(tmp: str) -> dict[str, Any]:
             poll(c, seen, copies, 0.2)
         proc.kill()
         proc.wait(30)
-        publish(p, topic, run.frames[cut:])
+        publish(p, topic, run.frames[cut:], partition=0)
         proc = worker(settings, Path(tmp) / f"{tag}-2.log")
         deadline = time.monotonic() + 150
         while len(seen) < len(expected) and time.monotonic() < deadline:
