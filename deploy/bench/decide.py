@@ -257,12 +257,51 @@ def sigkill(tmp: str) -> dict[str, Any]:
             "seen_triggers": show([t for t, _ in seen.values()])}
 
 
+def end_to_end(seconds: float, nodes: int, gpus: int, tmp: str) -> dict[str, Any]:
+    """The simulated cluster's sensors in real time through the whole worker (ingest included): every
+    trigger's latency beyond its tick's end + the allowed lateness."""
+    from agents.simulator import SimulatorPublisher
+    from streams.simulate import SimParams
+
+    tag = f"de{uuid.uuid4().hex[:6]}"
+    settings = load_settings(topic_prefix=f"{tag}.", group_id=tag, chdb_path=f"{tmp}/chdb-{tag}", web_enabled=False)
+    ensure_topics(settings)
+    proc = worker(settings, Path(tmp) / f"{tag}.log")
+    c = consumer(settings, tag)
+    seen: dict[str, tuple[Trigger, int]] = {}
+    copies: Counter[str] = Counter()
+    try:
+        time.sleep(12.0)
+        params = SimParams(nodes=nodes, gpus=gpus, seed=4, start_ns=time.time_ns())
+        pub = SimulatorPublisher(settings, params, batch_size=100)
+        import threading
+
+        live = threading.Thread(target=pub.live, args=(seconds,))
+        live.start()
+        while live.is_alive():
+            poll(c, seen, copies, 0.05)
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            poll(c, seen, copies, 0.05)
+    finally:
+        c.close()
+        proc.terminate()
+        proc.wait(60)
+        delete_topics(settings)
+    lateness = settings.lateness_ms * 1_000_000
+    lat = sorted((wall - (t.ts_ns + lateness)) / 1e9 for t, wall in seen.values())
+    return {"triggers": len(lat), "by_action": dict(Counter(t.action for t, _ in seen.values())),
+            "beyond_lateness_s": [round(x, 3) for x in lat], "nodes": nodes, "gpus": gpus, "seconds": seconds}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--live-seconds", type=float, default=100.0)
     ap.add_argument("--workloads", type=int, default=6)
     ap.add_argument("--skip-live", action="store_true")
     ap.add_argument("--skip-kill", action="store_true")
+    ap.add_argument("--e2e-seconds", type=float, default=0.0,
+                    help="also run the simulated cluster's sensors through the whole worker this long")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp()
     out: dict[str, Any] = {"scenarios": in_process()}
@@ -270,6 +309,8 @@ def main() -> None:
         out["live"] = live(args.live_seconds, args.workloads, tmp)
     if not args.skip_kill:
         out["sigkill"] = sigkill(tmp)
+    if args.e2e_seconds > 0:
+        out["end_to_end"] = end_to_end(args.e2e_seconds, 4, 4, tmp)
     print(json.dumps(out, indent=1))
 
 

@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -200,7 +201,9 @@ async def detect_frames(settings: Settings, start: dict[int, int], end: dict[int
     included), and how many frames and alerts there were."""
     from aiokafka import TopicPartition
 
+    from agents.app import link_capacity
     from agents.detect import DetectRuntime
+    from schemas.workload_samples import WorkloadSample, encode_workload_sample
 
     class NoHistory:
         async def read(self, partition: int, since_ms: int, until_offset: int) -> list[bytes]:
@@ -209,8 +212,17 @@ async def detect_frames(settings: Settings, start: dict[int, int], end: dict[int
         async def sent_alerts(self, since_wall_ms: int) -> set[str]:
             return set()
 
+    class EncodedSummaries:  # the per-workload summaries the default worker publishes, encoded as for Kafka
+        def __init__(self) -> None:
+            self.bytes = 0
+
+        async def send(self, samples: Sequence[WorkloadSample], timestamp_ms: int) -> None:
+            self.bytes += sum(len(encode_workload_sample(s)) for s in samples)
+
     topic = Topics(settings.topic_prefix).frames
-    runtime = DetectRuntime(settings.detect_params(), settings.align_params().grid_ns, NoHistory(), [], None, topic)
+    runtime = DetectRuntime(settings.detect_params(), settings.align_params().grid_ns, NoHistory(), [], None, topic,
+                            summaries=EncodedSummaries() if settings.decide else None,
+                            link_bytes_s=link_capacity(settings))
     consumer = AIOKafkaConsumer(**aiokafka_config(settings), enable_auto_commit=False)
     await consumer.start()
     alerts, left = 0, {p: end[p] - start[p] for p in end if end[p] > start[p]}
