@@ -26,6 +26,15 @@ def _settings(ctx: click.Context) -> Settings:
     return obj
 
 
+def _check_policy(settings: Settings) -> None:
+    """A decision policy file that cannot be used stops the command before anything starts."""
+    if settings.decide:
+        try:
+            settings.decide_params()
+        except SettingsError as exc:
+            raise click.UsageError(str(exc)) from None
+
+
 @click.group()
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
               help="TOML settings file (default: $FLOPWATCH_CONFIG). Environment variables override it.")
@@ -66,6 +75,7 @@ def worker(ctx: click.Context, progress: str, exit_when_idle: float | None, runt
     from agents.ingest import CommitError, Ingestor, IngestStats
 
     settings = _settings(ctx)
+    _check_policy(settings)
     ensure_topics(settings)
     tune_for_throughput()
 
@@ -263,6 +273,7 @@ def demo(ctx: click.Context, duration: float, nodes: int, gpus: int) -> None:
     from agents.gc_tuning import tune_for_throughput
 
     settings = _settings(ctx)
+    _check_policy(settings)
     tune_for_throughput()
     if settings.clickhouse_backend != "chdb":
         log.info("demo uses the %s backend as configured", settings.clickhouse_backend)

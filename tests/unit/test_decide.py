@@ -274,3 +274,34 @@ def test_policy_file_errors_name_the_file_and_key() -> None:
         parse_decide_policy({"namespaces": {"x": {"qos": "gold"}}}, "p.toml")
     p = parse_decide_policy({"classes": {"gpu-burst": {"online": True, "sla_latency_ms": 50}}}, "p.toml")
     assert p.policy("gpu-burst").sla_latency_ms == 50.0 and p.policy("unknown") == p.classes["default"]
+
+
+def test_the_policy_file_is_read_through_the_settings(tmp_path: Any) -> None:
+    from agents.settings import SettingsError, load_settings
+
+    good = tmp_path / "policy.toml"
+    good.write_text("[rules]\nqps_up = 500\n[namespaces.serving]\nmax_replicas = 8\n")
+    p = load_settings({"FLOPWATCH_DECIDE_POLICY": str(good)}).decide_params()
+    assert p.rules.qps_up == 500.0 and p.namespace("serving").max_replicas == 8
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[rules]\nqps_up = 'lots'\n")
+    with pytest.raises(SettingsError, match=r"bad.toml: \[rules\] qps_up must be a non-negative number"):
+        load_settings({"FLOPWATCH_DECIDE_POLICY": str(bad)}).decide_params()
+    with pytest.raises(SettingsError, match="cannot read"):
+        load_settings({"FLOPWATCH_DECIDE_POLICY": str(tmp_path / "none.toml")}).decide_params()
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[rules\n")
+    with pytest.raises(SettingsError, match=r"broken\.toml"):
+        load_settings({"FLOPWATCH_DECIDE_POLICY": str(broken)}).decide_params()
+
+
+def test_the_worker_refuses_a_bad_policy_file_before_it_starts(tmp_path: Any) -> None:
+    from click.testing import CliRunner
+
+    from agents.cli import cli
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[classes.inference]\nweight = -1\n")
+    res = CliRunner().invoke(cli, ["worker"], env={"FLOPWATCH_DECIDE_POLICY": str(bad),
+                                                   "FLOPWATCH_KAFKA_BOOTSTRAP": "127.0.0.1:1"})
+    assert res.exit_code == 2 and "[classes.inference] weight must be a non-negative number" in res.output
