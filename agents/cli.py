@@ -16,6 +16,7 @@ from typing import Any
 import click
 import orjson
 
+from agents.cli_lazy import LazyGroup
 from agents.settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger("flopwatch")
@@ -35,7 +36,9 @@ def _check_policy(settings: Settings) -> None:
             raise click.UsageError(str(exc)) from None
 
 
-@click.group()
+@click.group(cls=LazyGroup, lazy_commands={"replay": "agents.replay:replay_command",
+                                           "collect": "agents.cli_integrations:collect",
+                                           "schema": "agents.cli_integrations:schema"})
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
               help="TOML settings file (default: $FLOPWATCH_CONFIG). Environment variables override it.")
 @click.option("-v", "--verbose", is_flag=True, help="Log at debug level.")
