@@ -10,6 +10,7 @@ benchmark replaying recorded polls, and the worker.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -31,6 +32,7 @@ from schemas.records import UTC_CLOCK, Reject, RejectReason
 from streams.aggregate import FrameBatch
 from streams.align import GridAligner, LateSamples, Recovered
 from streams.clock import ClockParams
+from streams.pod_labels import PodLabelBook
 
 log = logging.getLogger("agents.ingest")
 Record: TypeAlias = "ConsumerRecord[bytes, bytes]"
@@ -90,6 +92,7 @@ class IngestCore:
         self.enricher = enricher
         self.topics = Topics(settings.topic_prefix)
         self.stats = IngestStats()
+        self.pods = PodLabelBook()
         self.store = store
         self._dlq = dlq
         self._clock = clock
@@ -138,8 +141,10 @@ class IngestCore:
         s = self.settings
         limits = TimeLimits(self._clock.wall_ns(), int(s.max_age_s * 1e9), int(s.max_future_s * 1e9))
         read: dict[TopicPartition, int] = {}
-        # Beacons first: a domain sample whose beacon came in the same poll is placed at once.
-        for tp, records in sorted(poll.items(), key=lambda item: item[0].topic != self.topics.clock_sync):
+        # Beacons first: a domain sample whose beacon came in the same poll is placed at once; pod
+        # records next, so the samples of the same poll get their workload labels.
+        for tp, records in sorted(poll.items(), key=lambda item: (item[0].topic != self.topics.clock_sync,
+                                                                  item[0].topic != self.topics.k8s_events)):
             aligner = self._aligners.get(tp.partition)
             if aligner is None or not records:
                 continue  # revoked while this poll was in flight: the new owner reads it
@@ -149,12 +154,18 @@ class IngestCore:
                 name = CATALOG[si].name
                 waiting = self._waiting.setdefault(tp.partition, {})
                 clocks = self._clocks
+                pods = self.pods
                 for rec in records:
                     try:  # zero cost unless it raises (3.11)
                         res = decode_samples(rec.value or b"", name, limits)
                         if isinstance(res, Reject):
                             dlq.send(res, rec.value, rec.key, tp.topic, tp.partition, rec.offset, rec.headers)
                             continue
+                        if pods.has(res.node):  # the Kubernetes collector knows its pods' workloads
+                            given = res.labels or {}
+                            filled = pods.fill(res.node, res.gpu, given)
+                            if filled is not given:
+                                res = dataclasses.replace(res, labels=filled)
                         if res.clock != UTC_CLOCK:  # placed with a beacon read after it, or held for one
                             clocks.offer(tp.partition, aligner, waiting, rec, res, si)
                         else:
@@ -170,7 +181,9 @@ class IngestCore:
                         ev = decode_k8s_event(rec.value or b"")
                         if isinstance(ev, Reject):
                             dlq.send(ev, rec.value, rec.key, tp.topic, tp.partition, rec.offset, rec.headers)
-                        elif rec.offset > done:
+                            continue
+                        self.pods.on_event(ev)  # replayed ones too: the labels hold until a newer record
+                        if rec.offset > done:
                             self.store.add_event(ev, tp.topic, tp.partition, rec.offset)
                     except Exception as exc:
                         self._internal_error(exc, rec, tp)

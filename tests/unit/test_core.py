@@ -160,3 +160,22 @@ def test_frames_get_derived_columns_and_the_spike_engine_sees_the_raw_samples() 
     assert batch.column("cost_usd")[0] > 0 and batch.notes == ["", ""]
     p99 = batch.column("gpu_util_p99").tolist()
     assert p99[0] == 50.0 and p99[1] > 95.0
+
+
+def test_pod_records_of_the_kubernetes_collector_label_the_frames() -> None:
+    core, store, letters, clock = make()
+    events = TOPICS.k8s_events
+    pod = orjson.dumps({"v": 1, "node": "n0", "ts_ns": T0, "type": "Normal", "reason": "PodLabels", "kind": "Pod",
+                        "namespace": "serving", "pod": "chat-0", "workload": "chat", "gpus": ["0"],
+                        "message": orjson.dumps({"workload": "chat", "class": "inference", "namespace": "serving",
+                                                 "pod": "chat-0", "gpu_count": 1}).decode()})
+    poll = {TopicPartition(POWER, 0): [rec(POWER, i, i * 0.5, 300.0) for i in range(4)],
+            TopicPartition(events, 0): [ConsumerRecord(events, 0, 0, 0, 0, b"n0", pod, None, 1, len(pod), [])]}
+    core.handle(poll)  # the pod record is taken first, so the same poll's samples get its labels
+    core.advance(quiet_all(0))
+    clock.advance(5 * S)
+    core.advance(quiet_all(5 * S))
+    frames = [f for b in store.detach().batches for f in b.frames()]
+    assert frames and all((f.labels.get("workload"), f.labels.get("class"), f.labels.get("pod")) ==
+                          ("chat", "inference", "chat-0") for f in frames)
+    assert not letters.sent

@@ -1,0 +1,44 @@
+"""Workload labels from the Kubernetes collector's pod records, filled into samples that lack them."""
+
+from __future__ import annotations
+
+import orjson
+
+from schemas.records import K8sEvent
+from streams.pod_labels import PodLabelBook
+
+
+def pod(node: str, name: str, gpus: tuple[str, ...] = (), count: int = 1, reason: str = "PodLabels",
+        workload: str = "chat", klass: str = "inference") -> K8sEvent:
+    msg = orjson.dumps({"workload": workload, "class": klass, "namespace": "serving", "pod": name,
+                        "gpu_count": count}).decode()
+    return K8sEvent(node, 1, "Normal", reason, "Pod", "serving", name, workload, gpus, msg)
+
+
+def test_a_gpu_named_by_a_pod_record_gets_its_workload_and_class() -> None:
+    book = PodLabelBook()
+    book.on_event(pod("n1", "a-0", ("GPU-a",), workload="a"))
+    book.on_event(pod("n1", "b-0", ("GPU-b",), workload="b", klass="training"))
+    assert book.fill("n1", "GPU-b", {})["workload"] == "b"
+    assert book.fill("n1", "GPU-a", {})["class"] == "inference"
+    assert book.fill("n2", "GPU-a", {}) == {}  # another node
+
+
+def test_without_gpu_ids_the_only_gpu_pod_of_the_node_or_the_sample_pod_label_decides() -> None:
+    book = PodLabelBook()
+    book.on_event(pod("n1", "a-0"))
+    book.on_event(pod("n1", "sidecar", count=0, workload="log"))
+    assert book.fill("n1", "0", {})["workload"] == "chat"
+    book.on_event(pod("n1", "b-0", workload="b"))
+    assert book.fill("n1", "0", {}) == {}  # two GPU pods, no ids: not guessed
+    assert book.fill("n1", "0", {"pod": "b-0"})["workload"] == "b"
+
+
+def test_a_producer_label_wins_and_a_deleted_pod_is_forgotten() -> None:
+    book = PodLabelBook()
+    book.on_event(pod("n1", "a-0", ("0",)))
+    labels = {"workload": "own"}
+    assert book.fill("n1", "0", labels)["workload"] == "own"
+    book.on_event(pod("n1", "a-0", reason="PodDeleted"))
+    assert book.fill("n1", "0", labels) is labels
+    assert not book.on_event(K8sEvent("n1", 1, "Warning", "OOMKilled", "Pod", "serving", "a-0"))
