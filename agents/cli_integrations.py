@@ -13,6 +13,7 @@ def collect() -> None:
     """Collectors that publish a node's GPUs (NVML) or the cluster's events and pods (Kubernetes) to Kafka."""
 
 
-@click.group(cls=LazyGroup, lazy_commands={"json": "agents.schema_cli:schema_command"})
+@click.group(cls=LazyGroup, lazy_commands={"json": "agents.schema_cli:schema_command",
+                                           "export": "agents.schema_cli:export_command"})
 def schema() -> None:
     """The contracts of flopwatch's topics."""
