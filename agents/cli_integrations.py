@@ -7,7 +7,7 @@ import click
 from agents.cli_lazy import LazyGroup
 
 
-@click.group(cls=LazyGroup, lazy_commands={"nvml": "agents.collect_nvml:nvml_command",
+@click.group(cls=LazyGroup, lazy_commands={"nvml": "agents.cli_nvml:nvml_command",
                                            "k8s": "agents.collect_k8s:k8s_command"})
 def collect() -> None:
     """Collectors that publish a node's GPUs (NVML) or the cluster's events and pods (Kubernetes) to Kafka."""

@@ -113,7 +113,7 @@ class PodInfo:
 
     def labels_json(self) -> str:
         return orjson.dumps({"workload": self.workload, "class": self.klass, "namespace": self.namespace,
-                             "pod": self.name, "gpu_count": self.gpu_count}).decode()
+                             "pod": self.name, "uid": self.uid, "gpu_count": self.gpu_count}).decode()
 
 
 @dataclass(slots=True)

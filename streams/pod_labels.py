@@ -9,7 +9,9 @@ labels of each sample it places from them, so frames carry the workload and clas
 decision engine works with. A label the producer did send always wins.
 
 Which pod a GPU belongs to: the pod whose record lists that GPU (UUID or index); failing
-that, the pod named by the sample's own ``pod`` label; failing that, when exactly one pod
+that, the pod named by the sample's own ``pod`` label (a name, or the pod UID that
+``flopwatch collect nvml`` reads from a process's cgroup; a sample's UID is then replaced
+by the pod's name); failing that, when exactly one pod
 on the node holds GPUs, that pod (the device plugin often does not say which GPUs it gave).
 
 >>> book = PodLabelBook()
@@ -43,6 +45,7 @@ class _Pod:
     labels: Labels  # namespace, pod, workload, class: what fills a sample's missing labels
     gpus: tuple[str, ...]
     gpu_count: int
+    uid: str = ""
 
 
 class PodLabelBook:
@@ -75,7 +78,9 @@ class PodLabelBook:
         if isinstance(klass, str) and klass:
             labels["class"] = klass
         count = doc.get("gpu_count")
-        pods[key] = _Pod(labels, tuple(ev.gpus), count if isinstance(count, int) else len(ev.gpus))
+        uid = doc.get("uid")
+        pods[key] = _Pod(labels, tuple(ev.gpus), count if isinstance(count, int) else len(ev.gpus),
+                         uid if isinstance(uid, str) else "")
         if len(self._nodes) > self.max_nodes:
             self._nodes.popitem(last=False)
         return True
@@ -92,6 +97,8 @@ class PodLabelBook:
         if pod is None:
             return labels
         missing = {k: v for k, v in pod.labels.items() if k not in labels}
+        if pod.uid and labels.get("pod") == pod.uid:
+            missing["pod"] = pod.labels["pod"]  # the name people query by
         return {**labels, **missing} if missing else labels
 
     @staticmethod
@@ -99,10 +106,10 @@ class PodLabelBook:
         for p in pods.values():
             if gpu in p.gpus:
                 return p
-        name = labels.get("pod")
+        name = labels.get("pod")  # a name, or the pod UID an NVML collector reads from the cgroup
         if name:
             for (_, pod_name), p in pods.items():
-                if pod_name == name:
+                if name in (pod_name, p.uid):
                     return p
         holders = [p for p in pods.values() if p.gpu_count > 0 or p.gpus]
         return holders[0] if len(holders) == 1 else None

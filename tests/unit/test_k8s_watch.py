@@ -67,7 +67,7 @@ def test_pod_records_carry_workload_class_and_gpus() -> None:
     [out] = st.on_list("pods", [pod("p1", "trainer-0")], "11", T0)
     assert (out.event.reason, out.event.kind, out.event.pod, out.event.workload) == ("PodLabels", "Pod", "trainer-0", "llm")
     assert orjson.loads(out.event.message) == {"workload": "llm", "class": "training", "namespace": "ml",
-                                               "pod": "trainer-0", "gpu_count": 2}
+                                               "pod": "trainer-0", "uid": "p1", "gpu_count": 2}
     assert isinstance(decode_k8s_event(encode_k8s_event(out.event)), K8sEvent)
 
 

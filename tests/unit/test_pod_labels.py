@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from schemas.records import K8sEvent
+from schemas.records import K8sEvent, Labels
 from streams.pod_labels import PodLabelBook
 
 
@@ -37,8 +37,18 @@ def test_without_gpu_ids_the_only_gpu_pod_of_the_node_or_the_sample_pod_label_de
 def test_a_producer_label_wins_and_a_deleted_pod_is_forgotten() -> None:
     book = PodLabelBook()
     book.on_event(pod("n1", "a-0", ("0",)))
-    labels = {"workload": "own"}
+    labels: Labels = {"workload": "own"}
     assert book.fill("n1", "0", labels)["workload"] == "own"
     book.on_event(pod("n1", "a-0", reason="PodDeleted"))
     assert book.fill("n1", "0", labels) is labels
     assert not book.on_event(K8sEvent("n1", 1, "Warning", "OOMKilled", "Pod", "serving", "a-0"))
+
+
+def test_an_nvml_collectors_pod_uid_finds_the_pod_and_becomes_its_name() -> None:
+    book = PodLabelBook()
+    ev = pod("n1", "chat-0")
+    book.on_event(K8sEvent(ev.node, 1, "Normal", "PodLabels", "Pod", "serving", "chat-0", "chat", (),
+                           orjson.dumps({**orjson.loads(ev.message), "uid": "6b1f-uid"}).decode()))
+    book.on_event(pod("n1", "other-0", workload="other"))  # two GPU pods: the uid decides
+    filled = book.fill("n1", "GPU-x/pid:42", {"pod": "6b1f-uid", "pid": 42})
+    assert (filled["pod"], filled["workload"], filled["pid"]) == ("chat-0", "chat", 42)
