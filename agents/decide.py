@@ -102,8 +102,9 @@ class DecideRuntime:
             sample = decode_workload_sample(value or b"")
         except WorkloadSampleDecodeError as exc:
             self.stats.rejects += 1
-            await self._reject(Reject(RejectReason.WRONG_TYPE, f"workloads message: {exc}"), key, value, partition,
-                               offset)
+            code = str(exc).split(":", 1)[0]
+            reason = RejectReason(code) if code in {r.value for r in RejectReason} else RejectReason.WRONG_TYPE
+            await self._reject(Reject(reason, f"workloads message: {exc}"), key, value, partition, offset)
             return []
         try:
             decisions = dec.on_sample(sample, self.wall_ns())
@@ -116,19 +117,24 @@ class DecideRuntime:
             return []
         self.stats.samples += 1
         sent = self._sent.get(partition)
+        fresh = decisions
         if sent and decisions:
+            # Triggers already on the topic are not sent again; their rows still go to ClickHouse (the
+            # crash may have come between the two), where the table collapses repeats.
             fresh = [d for d in decisions if d.outcome != "taken" or d.trigger.id not in sent]
             self.stats.suppressed += len(decisions) - len(fresh)
             sent.difference_update(d.trigger.id for d in decisions)
-            decisions = fresh
         if decisions:
             for sink in self.sinks:
+                batch = fresh if getattr(sink, "once_per_id", False) else decisions
+                if not batch:
+                    continue
                 ok, _ = await with_backoff(f"decision sink {type(sink).__name__}",
-                                           lambda s=sink: s.send(decisions), self._error)  # type: ignore[misc]
+                                           lambda s=sink, b=batch: s.send(b), self._error)  # type: ignore[misc]
                 if not ok:
                     log.error("decision sink %s gave up on %s", type(sink).__name__,
-                              ", ".join(d.trigger.id for d in decisions))
-            for d in decisions:
+                              ", ".join(d.trigger.id for d in batch))
+            for d in fresh:
                 self._count(d)
         if self.view is not None:
             self._update_view(dec, sample.namespace, sample.workload)
@@ -144,7 +150,7 @@ class DecideRuntime:
             self.on_decision(d)
 
     def _update_view(self, dec: Decider, namespace: str, workload: str) -> None:
-        rules = next((r for r in dec.workloads() if (r.namespace, r.workload) == (namespace, workload)), None)
+        rules = dec.rules_of(namespace, workload)
         if rules is not None and rules.last_tick is not None:
             assert self.view is not None
             self.view.update(desired_of(rules))
@@ -173,9 +179,10 @@ class DecideRuntime:
         since = min(self.wall_ns() // 1_000_000 - 600_000, timestamp_ms - self.replay_ms)
         self._sent[partition] = await self.history.sent_alerts(since)
         replayed = await self.history.read(partition, timestamp_ms - self.replay_ms, offset)
+        sent = self._sent[partition]
         for raw in replayed:
-            try:
-                dec.on_sample(decode_workload_sample(raw), None)  # decisions dropped: made before the crash
+            try:  # decisions dropped: made before the crash; only those that reached the topic count as taken
+                dec.on_sample(decode_workload_sample(raw), None, sent.__contains__)
             except Exception:  # counted when it was first read
                 continue
         self.stats.replayed += len(replayed)
@@ -204,6 +211,8 @@ def trigger_id_of(raw: bytes) -> str:
 
 class KafkaTriggerSink:
     """Sends the taken decisions' triggers to ``flopwatch.triggers``, keyed by workload."""
+
+    once_per_id = True  # the runtime leaves out triggers the topic already holds
 
     def __init__(self, topic: Any) -> None:
         self.topic = topic

@@ -88,6 +88,8 @@ def decode_workload_sample(data: bytes) -> WorkloadSample:
     for name in ("tick_ns", "grid_ns", "gpus"):
         if type(obj[name]) is not int or obj[name] < 0:
             raise WorkloadSampleDecodeError(f"wrong_type: {name} must be a non-negative integer")
+    if obj["grid_ns"] == 0:
+        raise WorkloadSampleDecodeError("out_of_range: grid_ns must be greater than 0")
     for name in _OPTIONAL:
         v = obj[name]
         if v is not None and (type(v) not in (int, float) or not math.isfinite(v) or v < 0):

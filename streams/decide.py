@@ -69,8 +69,15 @@ class Decider:
     def workloads(self) -> Iterable[WorkloadRules]:
         return (w.rules for w in self._workloads.values())
 
-    def on_sample(self, s: WorkloadSample, now_ns: int | None) -> list[Decision]:
-        """One summary; ``now_ns`` (wall clock) for the age check, None when replaying history."""
+    def rules_of(self, namespace: str, workload: str) -> WorkloadRules | None:
+        w = self._workloads.get((namespace, workload))
+        return None if w is None else w.rules
+
+    def on_sample(self, s: WorkloadSample, now_ns: int | None,
+                  was_sent: Callable[[str], bool] | None = None) -> list[Decision]:
+        """One summary; ``now_ns`` (wall clock) for the age check. Replaying history after a restart:
+        ``now_ns`` None and ``was_sent`` says which triggers reached the topic; a decision whose trigger
+        did not was not taken then (the age guard held it, or it was lost) and is not taken now."""
         self.stats.samples += 1
         key = (s.namespace, s.workload)
         w = self._workloads.get(key)
@@ -81,6 +88,7 @@ class Decider:
                 self._workloads.popitem(last=False)
         self._workloads.move_to_end(key)
         w.rules.workload_class = s.workload_class
+        w.rules.was_sent = was_sent
         if s.tick_ns <= w.nodes.get(s.node, -1):
             self.stats.duplicates += 1
             return []

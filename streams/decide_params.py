@@ -150,6 +150,13 @@ def _keys(obj: Mapping[str, Any], known: set[str], source: str, where: str) -> N
             raise PolicyError(f"{source}: {where} has no key {k!r} (known: {', '.join(sorted(known))})")
 
 
+# Divisors and windows: zero would divide by zero or make a rule hold on nothing.
+_POSITIVE: Final = frozenset({
+    "sm_active_up", "sm_active_up_s", "pcie_up", "pcie_up_s", "nccl_ms_up", "nccl_up_s", "latency_p95_up_ms",
+    "latency_window_s", "qps_up", "qps_window_s", "check_interval_s", "max_age_s", "weight", "sla_latency_ms",
+    "forget_node_s"})
+
+
 def _build(cls: Any, obj: Any, source: str, where: str, base: Any = None) -> Any:
     table = _table(obj, source, where)
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -170,5 +177,7 @@ def _build(cls: Any, obj: Any, source: str, where: str, base: Any = None) -> Any
                 raise PolicyError(f"{source}: {where} {k} must be true or false, got {v!r}")
         elif not isinstance(v, want):
             raise PolicyError(f"{source}: {where} {k} must be a {want.__name__}, got {v!r}")
+        if k in _POSITIVE and v == 0:
+            raise PolicyError(f"{source}: {where} {k} must be greater than 0")
         values[k] = v
     return dataclasses.replace(base, **values)

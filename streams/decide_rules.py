@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -85,7 +86,10 @@ class WorkloadRules:
         self.recs: deque[tuple[int, int]] = deque()
         self.first_rec: int | None = None
         self.checks = 0
-        self.next_check: int | None = None
+        self.check_slot: int | None = None  # checks fall on absolute multiples of the interval: a replay
+        # that starts elsewhere checks at the same ticks
+        self.was_sent: Callable[[str], bool] | None = None  # set while replaying history (see Decider)
+        self._withheld_now = False
         self.last_spike: int | None = None
         self.drift_open = False
         self.last_action: Trigger | None = None
@@ -100,6 +104,7 @@ class WorkloadRules:
     def step(self, t: WorkloadTick, bucket: TokenBucket) -> list[Decision]:
         r, pol = self.params.rules, self.params.policy(self.workload_class)
         self.last_tick = t
+        self._withheld_now = False
         end, cur = t.end_ns, t.replicas
         up: dict[str, dict[str, Any]] = {}
         self._held(up, "sm_active", self.sm, t, t.sm_active, r.sm_active_up, r.sm_active_up_s, ge=True)
@@ -143,7 +148,8 @@ class WorkloadRules:
                              1 / pol.weight)
         else:
             self._recommend(end, cur)
-            self.last_withheld = None
+            if not self._withheld_now:  # nothing is held back any more: a later hold is news again
+                self.last_withheld = None
             self.metric = ("steady", t.sm_active or 0.0)
         return out
 
@@ -156,12 +162,13 @@ class WorkloadRules:
     def _check(self, t: WorkloadTick, p95: float | None, qps: float | None) -> None:
         """The metrics gate (seed 001 §4.1): one check per interval; a failing check restarts the count."""
         r, pol = self.params.rules, self.params.policy(self.workload_class)
-        if self.next_check is not None and t.tick_ns < self.next_check:
+        slot = t.tick_ns // int(r.check_interval_s * S)
+        if slot == self.check_slot:
             return
-        self.next_check = t.tick_ns + int(r.check_interval_s * S)
+        self.check_slot = slot
         ok = t.sm_active is not None and t.sm_active < r.sm_active_down and t.stale is None
         if pol.online:
-            ok = ok and p95 is not None and p95 <= r.latency_p95_up_ms * r.sla_headroom
+            ok = ok and p95 is not None and p95 <= self._sla_ms() * r.sla_headroom
         self.checks = self.checks + 1 if ok else 0
 
     def _recommend(self, end: int, replicas: int) -> None:
@@ -207,7 +214,7 @@ class WorkloadRules:
         if self.last_spike is not None and self.last_spike >= t.end_ns - int(r.spike_window_s * S):
             gates.append("spike")
         if pol.online:
-            sla = pol.sla_latency_ms if pol.sla_latency_ms is not None else r.latency_p95_up_ms
+            sla = self._sla_ms()
             after = qps * t.replicas / max(desired, 1) if qps is not None else None
             if p95 is None or p95 > sla * r.sla_headroom or after is None or after > r.qps_up * r.sla_headroom:
                 gates.append("sla")
@@ -217,19 +224,31 @@ class WorkloadRules:
         gates += [g for g in self._common_gates(t, "scale_down") if g not in STALE_GATES]
         return gates
 
+    def _sla_ms(self) -> float:
+        pol = self.params.policy(self.workload_class)
+        return pol.sla_latency_ms if pol.sla_latency_ms is not None else self.params.rules.latency_p95_up_ms
+
     # --- outcomes ---------------------------------------------------------------------------------------------
+
+    def _not_sent(self, trig: Trigger) -> bool:
+        """Replaying history: a decision whose trigger never reached the topic (held live by the age guard,
+        or lost) was not taken, so it must not start cooldowns, watches or spend rate tokens now."""
+        return self.was_sent is not None and not self.was_sent(trig.id)
 
     def _try(self, action: Action, t: WorkloadTick, desired: int, evidence: dict[str, dict[str, Any]],
              gates: list[str], bucket: TokenBucket, cost: float) -> list[Decision]:
+        trig = self._trigger(action, t, desired, evidence)
+        if not gates and self._not_sent(trig):
+            gates = ["not_sent"]
         if not gates and not bucket.take(t.end_ns, cost):
             gates = ["rate_limit"]
-        trig = self._trigger(action, t, desired, evidence)
         if gates:
             return self._withheld(trig, gates)
         self._taken(trig)
         return [Decision(trig, "taken")]
 
     def _withheld(self, trig: Trigger, gates: list[str]) -> list[Decision]:
+        self._withheld_now = True
         key = (trig.action, gates[0])
         if key == self.last_withheld:
             return []
@@ -272,15 +291,16 @@ class WorkloadRules:
         evidence = {"sla_breach": _ev(t.latency_ms, pol.sla_latency_ms, self.params.rules.watch_s,
                                       breach_ts_ns=t.tick_ns, after_s=(t.end_ns - d.ts_ns) / S)}
         trig = self._trigger("rollback", t, max(d.current, t.replicas), evidence, reverses=d.id)
-        if t.stale:
-            held = self._withheld(trig, [t.stale])
+        if t.stale or self._not_sent(trig):
+            held = self._withheld(trig, [t.stale or "not_sent"])
             return held[0] if held else None
         self._taken(trig)
         return Decision(trig, "taken")
 
     def _rebalance(self, t: WorkloadTick, bucket: TokenBucket) -> list[Decision]:
         if not t.drift:
-            self.drift_open = False
+            if t.stale is None:  # a tick missing the drifting node says nothing about the episode
+                self.drift_open = False
             return []
         if self.drift_open:
             return []
@@ -288,6 +308,11 @@ class WorkloadRules:
                                    "window_s": self.params.rules.check_interval_s, "gpus": ",".join(t.drift)}}
         trig = self._trigger("rebalance", t, t.replicas, ev)
         gates = [t.stale] if t.stale else []
+        if not gates and self._not_sent(trig):
+            # Replaying: this episode was open before the replayed window (or its trigger was lost);
+            # either way it is not announced again.
+            self.drift_open = True
+            return self._withheld(trig, ["not_sent"])
         if not gates and not bucket.take(t.end_ns, 1 / self.params.policy(self.workload_class).weight):
             gates = ["rate_limit"]
         if gates:

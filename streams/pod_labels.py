@@ -11,8 +11,8 @@ decision engine works with. A label the producer did send always wins.
 Which pod a GPU belongs to: the pod whose record lists that GPU (UUID or index); failing
 that, the pod named by the sample's own ``pod`` label (a name, or the pod UID that
 ``flopwatch collect nvml`` reads from a process's cgroup; a sample's UID is then replaced
-by the pod's name); failing that, when exactly one pod
-on the node holds GPUs, that pod (the device plugin often does not say which GPUs it gave).
+by the pod's name). Nothing else: guessing "the only GPU pod on the node" would credit its
+idle neighbours to it.
 
 >>> book = PodLabelBook()
 >>> ev = K8sEvent("n1", 1, "Normal", "PodLabels", "Pod", "serving", "chat-0", "chat", ("GPU-1",),
@@ -111,5 +111,5 @@ class PodLabelBook:
             for (_, pod_name), p in pods.items():
                 if name in (pod_name, p.uid):
                     return p
-        holders = [p for p in pods.values() if p.gpu_count > 0 or p.gpus]
-        return holders[0] if len(holders) == 1 else None
+        # No guess from "the only GPU pod on the node": its idle neighbours would be credited to it.
+        return None

@@ -305,3 +305,44 @@ def test_the_worker_refuses_a_bad_policy_file_before_it_starts(tmp_path: Any) ->
     res = CliRunner().invoke(cli, ["worker"], env={"FLOPWATCH_DECIDE_POLICY": str(bad),
                                                    "FLOPWATCH_KAFKA_BOOTSTRAP": "127.0.0.1:1"})
     assert res.exit_code == 2 and "[classes.inference] weight must be a non-negative number" in res.output
+
+
+def test_a_replay_that_starts_later_checks_at_the_same_ticks() -> None:
+    p = DecideParams(rules=Rules(stabilisation_s=0))
+    seq = [idle(t) for t in range(120)]
+    whole = taken(run(Decider(p), seq))
+    late = taken(run(Decider(p), seq[7:]))  # a rebuild's replay starts wherever the window falls
+    assert whole[0] == late[0] == ("scale_down", 21)
+
+
+def test_a_tick_without_the_drifting_node_does_not_start_a_second_rebalance() -> None:
+    d = Decider(DecideParams(rules=Rules(tick_grace_s=2)))
+    seq: list[WorkloadSample] = []
+    for t in range(30):
+        seq.append(sample(t, "n1", drift=("0",) if t >= 5 else ()))
+        if not 10 <= t < 15:  # n2 (not drifting) keeps up; n1 is missing for a while
+            seq.append(sample(t, "n2"))
+    seq = [s for s in seq if not (s.node == "n1" and 10 <= (s.tick_ns - T0) // S < 15)]
+    out = run(d, seq)
+    assert [a for a, _ in taken(out)] == ["rebalance"]
+
+
+def test_a_held_rollback_is_recorded_once_not_every_tick() -> None:
+    p = DecideParams(rules=Rules(stabilisation_s=0))
+    d = Decider(p)
+    run(d, [idle(t, cls="inference", latency_ms=40.0, qps=100.0) for t in range(90)])
+    # The SLA breaks while the age guard holds everything: one withheld record, not one per tick.
+    late = [x for t in range(90, 100)
+            for x in d.on_sample(idle(t, cls="inference", pods=3, latency_ms=300.0, qps=100.0), T0 + (t + 60) * S)]
+    assert held(late) == [("rollback", "stale_data")]
+
+
+def test_zero_thresholds_and_grids_are_refused() -> None:
+    with pytest.raises(PolicyError, match="weight must be greater than 0"):
+        parse_decide_policy({"classes": {"batch": {"weight": 0}}}, "p.toml")
+    with pytest.raises(PolicyError, match="qps_up must be greater than 0"):
+        parse_decide_policy({"rules": {"qps_up": 0}}, "p.toml")
+    from schemas.workload_samples import WorkloadSampleDecodeError, decode_workload_sample, encode_workload_sample
+
+    with pytest.raises(WorkloadSampleDecodeError, match="grid_ns"):
+        decode_workload_sample(encode_workload_sample(dataclasses.replace(sample(0), grid_ns=0)))

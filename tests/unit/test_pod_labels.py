@@ -24,13 +24,11 @@ def test_a_gpu_named_by_a_pod_record_gets_its_workload_and_class() -> None:
     assert book.fill("n2", "GPU-a", {}) == {}  # another node
 
 
-def test_without_gpu_ids_the_only_gpu_pod_of_the_node_or_the_sample_pod_label_decides() -> None:
+def test_without_gpu_ids_only_the_sample_pod_label_decides() -> None:
     book = PodLabelBook()
     book.on_event(pod("n1", "a-0"))
-    book.on_event(pod("n1", "sidecar", count=0, workload="log"))
-    assert book.fill("n1", "0", {})["workload"] == "chat"
+    assert book.fill("n1", "0", {}) == {}  # an idle GPU beside the pod is not credited to it
     book.on_event(pod("n1", "b-0", workload="b"))
-    assert book.fill("n1", "0", {}) == {}  # two GPU pods, no ids: not guessed
     assert book.fill("n1", "0", {"pod": "b-0"})["workload"] == "b"
 
 
