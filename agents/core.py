@@ -117,6 +117,8 @@ class IngestCore:
         """Own these partitions, starting from what ClickHouse says was done (``progress``)."""
         assigned = list(assigned)
         self._progress = progress
+        for ev in progress.pods:
+            self.pods.on_event(ev)
         params = self.settings.align_params()
         for p in sorted({tp.partition for tp in assigned} - set(self._aligners)):
             aligner = self._aligners[p] = (GridAligner(params, progress.recovered) if self.enricher is None

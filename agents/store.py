@@ -25,6 +25,7 @@ class Progress:
     recovered: Recovered
     consumed: dict[TopicPartition, int] = field(default_factory=dict)  # next offset read before the crash
     events_done: dict[TopicPartition, int] = field(default_factory=dict)  # highest event offset stored
+    pods: list[K8sEvent] = field(default_factory=list)  # each pod's latest PodLabels / PodDeleted record
 
 
 @dataclass(slots=True)
@@ -132,7 +133,15 @@ class FrameStore:
         _, rows = self.backend.rows(f"SELECT kafka_topic, kafka_partition, max(kafka_offset) FROM {db}.k8s_events "
                                     "GROUP BY kafka_topic, kafka_partition")
         events_done = {(str(t), int(p)): int(o) for t, p, o in rows}
-        return Progress(Recovered(boundaries, counters), consumed, events_done)
+        # The Kubernetes collector says a pod's labels only when they change: a restarted worker
+        # relearns them from what it stored, or long-lived pods would lose their workload.
+        _, rows = self.backend.rows(
+            f"SELECT node, namespace, pod, argMax(reason, ts), argMax(workload, ts), argMax(gpus, ts), "
+            f"argMax(message, ts) FROM {db}.k8s_events WHERE reason IN ('PodLabels', 'PodDeleted') "
+            "GROUP BY node, namespace, pod")
+        pods = [K8sEvent(str(n), 0, "Normal", str(r), "Pod", str(ns), str(pod), str(wl), tuple(map(str, g)), str(m))
+                for n, ns, pod, r, wl, g, m in rows if r == "PodLabels"]
+        return Progress(Recovered(boundaries, counters), consumed, events_done, pods)
 
 
 def _frame_columns(batches: list[FrameBatch]) -> Columns:

@@ -46,3 +46,27 @@ def test_a_replay_does_not_reopen_empty_ticks_closed_before_the_crash(any_settin
     again.add("n", "0", POWER, [T0 + 12 * S + S // 2], [300.0])
     adv = again.advance(now_ns=0)
     assert [x.indices for x in adv.late] == [[0]] and len(adv.frames) == 0
+
+
+def test_a_restarted_worker_relearns_the_pods_workloads(any_settings: Settings) -> None:
+    from schemas.records import K8sEvent
+
+    def record(reason: str, pod: str, ts_s: int, workload: str) -> K8sEvent:
+        msg = f'{{"workload": "{workload}", "class": "inference", "namespace": "serving", "pod": "{pod}", ' \
+              f'"uid": "uid-{pod}", "gpu_count": 1}}'
+        return K8sEvent("n1", T0 + ts_s * S, "Normal", reason, "Pod", "serving", pod, workload, ("GPU-1",), msg)
+
+    backend = open_backend(any_settings)
+    try:
+        ensure_schema(backend)
+        store = FrameStore(backend)
+        for i, ev in enumerate([record("PodLabels", "chat-0", 1, "chat"), record("PodLabels", "chat-0", 5, "chat2"),
+                                record("PodLabels", "gone-0", 2, "gone"), record("PodDeleted", "gone-0", 3, "gone"),
+                                record("OOMKilled", "chat-0", 6, "chat")]):
+            store.add_event(ev, "k8s.events", 0, i)
+        store.write(store.detach(), {}, now_ms=T0 // 1_000_000)
+        pods = store.recover().pods
+    finally:
+        backend.close()
+    assert [(p.pod, p.workload, p.gpus) for p in pods] == [("chat-0", "chat2", ("GPU-1",))]
+    assert '"uid": "uid-chat-0"' in pods[0].message
