@@ -24,7 +24,6 @@ one row per decision.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -35,8 +34,7 @@ import faust
 import orjson
 
 from agents.backoff import with_backoff
-from agents.detect import FrameHistory, Rejects
-from agents.partition_agent import declare
+from agents.partition_agent import FrameHistory, Rejects, dead_letter, declare, read_history
 from agents.scale_view import Desired, ScaleView
 from schemas.records import Reject, RejectReason
 from schemas.triggers import encode_trigger
@@ -160,9 +158,7 @@ class DecideRuntime:
 
     async def _reject(self, reject: Reject, key: bytes | None, value: bytes | None, partition: int,
                       offset: int) -> None:
-        if self.rejects is not None:
-            self.rejects.send(reject, value, key, self.topic, partition, offset)
-            await asyncio.to_thread(self.rejects.flush)
+        await dead_letter(self.rejects, reject, key, value, self.topic, partition, offset)
 
     async def _rebuild_retrying(self, partition: int, offset: int, timestamp_ms: int) -> Decider:
         ok, dec = await with_backoff(f"partition {partition}: rebuilding decision state",
@@ -176,10 +172,9 @@ class DecideRuntime:
 
     async def _rebuild(self, partition: int, offset: int, timestamp_ms: int) -> Decider:
         dec = Decider(self.params)
-        since = min(self.wall_ns() // 1_000_000 - 600_000, timestamp_ms - self.replay_ms)
-        self._sent[partition] = await self.history.sent_alerts(since)
-        replayed = await self.history.read(partition, timestamp_ms - self.replay_ms, offset)
-        sent = self._sent[partition]
+        sent, replayed = await read_history(self.history, partition, offset, timestamp_ms, self.replay_ms,
+                                            self.wall_ns() // 1_000_000)
+        self._sent[partition] = sent
         for raw in replayed:
             try:  # decisions dropped: made before the crash; only those that reached the topic count as taken
                 dec.on_sample(decode_workload_sample(raw), None, sent.__contains__)

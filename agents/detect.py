@@ -25,7 +25,6 @@ How it steps around Faust's known traps:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -36,7 +35,7 @@ import faust
 import orjson
 
 from agents.backoff import with_backoff
-from agents.partition_agent import declare
+from agents.partition_agent import FrameHistory, Rejects, dead_letter, declare, read_history
 from schemas.alerts import Alert, alert_key, encode_alert
 from schemas.frame_messages import FrameDecodeError, FrameMessage, decode_frame_message
 from schemas.records import Reject, RejectReason
@@ -47,13 +46,6 @@ from streams.workload_tap import WorkloadTap
 log = logging.getLogger(__name__)
 
 
-class FrameHistory(Protocol):
-    """Recent frames of one partition, for rebuilding detector state, and the alerts already sent."""
-
-    async def read(self, partition: int, since_ms: int, until_offset: int) -> Sequence[bytes]: ...
-    async def sent_alerts(self, since_wall_ms: int) -> set[str]: ...
-
-
 class AlertSink(Protocol):
     async def send(self, alerts: Sequence[Alert]) -> None: ...
 
@@ -62,12 +54,6 @@ class SummarySink(Protocol):
     """Where each frame's per-workload summaries go (``flopwatch.workloads``, keyed by workload)."""
 
     async def send(self, samples: Sequence[WorkloadSample], timestamp_ms: int) -> None: ...
-
-
-class Rejects(Protocol):
-    def send(self, reject: Reject, value: bytes | None, key: bytes | None, topic: str, partition: int, offset: int,
-             headers: Any = (), indices: list[int] | None = None) -> None: ...
-    def flush(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -183,10 +169,7 @@ class DetectRuntime:
 
     async def _reject(self, reject: Reject, key: bytes | None, value: bytes | None, partition: int,
                       offset: int) -> None:
-        if self.rejects is not None:
-            self.rejects.send(reject, value, key, self.topic, partition, offset)
-            # Acknowledged before the agent moves on, so the commit never passes an undelivered reject.
-            await asyncio.to_thread(self.rejects.flush)
+        await dead_letter(self.rejects, reject, key, value, self.topic, partition, offset)
 
     async def _send(self, sink: AlertSink, alerts: Sequence[Alert]) -> None:
         """Hand ``alerts`` to one sink, retrying with backoff: the detector already counts them as
@@ -213,12 +196,8 @@ class DetectRuntime:
 
     async def _rebuild(self, partition: int, offset: int, timestamp_ms: int) -> Detectors:
         det = Detectors(self.params, self.grid_ns)
-        # Alerts sent lately: their Kafka time is when they were sent, which is wall time after
-        # the frames' ticks; covering the replayed frames' event time too keeps a worker that was
-        # down longer than ten minutes from sending again what it sent before the crash.
-        since = min(self.wall_ms() - 600_000, timestamp_ms - self.replay_ms)
-        self._sent[partition] = await self.history.sent_alerts(since)
-        replayed = await self.history.read(partition, timestamp_ms - self.replay_ms, offset)
+        self._sent[partition], replayed = await read_history(self.history, partition, offset, timestamp_ms,
+                                                             self.replay_ms, self.wall_ms())
         tap = self._taps[partition] = WorkloadTap(self.params.spike_thresholds, self.link_bytes_s)
         for raw in replayed:
             try:

@@ -1,11 +1,49 @@
-"""Declaring a flopwatch agent: one result per message, ``concurrency=1``, state dropped on revocation."""
+"""What the detection and decision agents share: declaring an agent (one result per message,
+``concurrency=1``, state dropped on revocation), reading a partition's history to rebuild its
+state, and dead-lettering a message."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import faust
+
+from schemas.records import Reject
+
+SENT_LOOKBACK_MS = 600_000  # outputs sent lately are read back from at least this far
+
+
+class FrameHistory(Protocol):
+    """A partition's recent input messages (by event time), and the ids of the outputs already sent."""
+
+    async def read(self, partition: int, since_ms: int, until_offset: int) -> Sequence[bytes]: ...
+    async def sent_alerts(self, since_wall_ms: int) -> set[str]: ...
+
+
+class Rejects(Protocol):
+    def send(self, reject: Reject, value: bytes | None, key: bytes | None, topic: str, partition: int, offset: int,
+             headers: Any = (), indices: list[int] | None = None) -> None: ...
+    def flush(self) -> None: ...
+
+
+async def read_history(history: FrameHistory, partition: int, offset: int, timestamp_ms: int, replay_ms: int,
+                       wall_ms: int) -> tuple[set[str], Sequence[bytes]]:
+    """The output ids already sent, and the partition's messages of the last ``replay_ms`` before ``offset``.
+    Outputs carry their send time as the Kafka timestamp, which is wall time after the inputs' event time:
+    covering the replayed inputs' event time too keeps a worker that was down for long from sending
+    again what it sent before the crash."""
+    sent = await history.sent_alerts(min(wall_ms - SENT_LOOKBACK_MS, timestamp_ms - replay_ms))
+    return sent, await history.read(partition, timestamp_ms - replay_ms, offset)
+
+
+async def dead_letter(rejects: Rejects | None, reject: Reject, key: bytes | None, value: bytes | None, topic: str,
+                      partition: int, offset: int) -> None:
+    if rejects is not None:
+        rejects.send(reject, value, key, topic, partition, offset)
+        # Acknowledged before the agent moves on, so the commit never passes an undelivered reject.
+        await asyncio.to_thread(rejects.flush)
 
 Handle = Callable[[int, int, int, bytes | None, bytes | None], Awaitable[Any]]
 
