@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
@@ -177,14 +178,9 @@ def live(seconds: float, workloads: int, tmp: str) -> dict[str, Any]:
             while (now := time.time_ns()) < due:
                 poll(c, seen, copies, min(0.05, (due - now) / 1e9))
             publish(p, topic, by_tick[tick])
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            poll(c, seen, copies, 0.05)
+        drain(c, seen, copies, 10.0)
     finally:
-        c.close()
-        proc.terminate()
-        proc.wait(60)
-        delete_topics(settings)
+        finish(c, proc, settings)
     lat = sorted((wall - (t.ts_ns + lateness)) / 1e9 for t, wall in seen.values())
     kinds = Counter(t.action for t, _ in seen.values())
     rollback = [(wall - (t.ts_ns + lateness)) / 1e9 for t, wall in seen.values() if t.action == "rollback"]
@@ -211,6 +207,20 @@ def poll(c: Consumer, seen: dict[str, tuple[Trigger, int]], copies: Counter[str]
     seen.setdefault(t.id, (t, wall))
 
 
+def drain(c: Consumer, seen: dict[str, tuple[Trigger, int]], copies: Counter[str], seconds: float) -> None:
+    """Keep reading for ``seconds``: a late or duplicated trigger has time to show."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        poll(c, seen, copies, 0.05)
+
+
+def finish(c: Consumer, proc: subprocess.Popen[bytes], settings: Settings) -> None:
+    c.close()
+    proc.terminate()
+    proc.wait(60)
+    delete_topics(settings)
+
+
 def sigkill(tmp: str) -> dict[str, Any]:
     tag = f"dk{uuid.uuid4().hex[:6]}"
     policy = Path(tmp) / "kill.toml"
@@ -226,10 +236,10 @@ def sigkill(tmp: str) -> dict[str, Any]:
     topic = Topics(settings.topic_prefix).frames
     seen: dict[str, tuple[Trigger, int]] = {}
     copies: Counter[str] = Counter()
+    proc = worker(settings, Path(tmp) / f"{tag}-1.log")
+    c = consumer(settings, tag)
     try:
         publish(p, topic, run.frames[:cut], partition=0)
-        proc = worker(settings, Path(tmp) / f"{tag}-1.log")
-        c = consumer(settings, tag)
         deadline = time.monotonic() + 120
         while not seen and time.monotonic() < deadline:
             poll(c, seen, copies, 0.2)
@@ -240,14 +250,9 @@ def sigkill(tmp: str) -> dict[str, Any]:
         deadline = time.monotonic() + 150
         while len(seen) < len(expected) and time.monotonic() < deadline:
             poll(c, seen, copies, 0.2)
-        end = time.monotonic() + 5
-        while time.monotonic() < end:
-            poll(c, seen, copies, 0.2)
-        c.close()
-        proc.terminate()
-        proc.wait(60)
+        drain(c, seen, copies, 5.0)
     finally:
-        delete_topics(settings)
+        finish(c, proc, settings)
     def show(ts: list[Trigger]) -> list[str]:
         return [f"{t.action}@{(t.ts_ns - sc.start_ns) / S:.0f}s" for t in sorted(ts, key=lambda t: t.ts_ns)]
 
@@ -274,20 +279,13 @@ def end_to_end(seconds: float, nodes: int, gpus: int, tmp: str) -> dict[str, Any
         time.sleep(12.0)
         params = SimParams(nodes=nodes, gpus=gpus, seed=4, start_ns=time.time_ns())
         pub = SimulatorPublisher(settings, params, batch_size=100)
-        import threading
-
         live = threading.Thread(target=pub.live, args=(seconds,))
         live.start()
         while live.is_alive():
             poll(c, seen, copies, 0.05)
-        end = time.monotonic() + 10
-        while time.monotonic() < end:
-            poll(c, seen, copies, 0.05)
+        drain(c, seen, copies, 10.0)
     finally:
-        c.close()
-        proc.terminate()
-        proc.wait(60)
-        delete_topics(settings)
+        finish(c, proc, settings)
     lateness = settings.lateness_ms * 1_000_000
     lat = sorted((wall - (t.ts_ns + lateness)) / 1e9 for t, wall in seen.values())
     return {"triggers": len(lat), "by_action": dict(Counter(t.action for t, _ in seen.values())),
