@@ -34,9 +34,10 @@ class KafkaFrameHistory:
         self.alerts_topic = alerts_topic  # or the triggers topic, with its own ``id_of``
         self.id_of = id_of
 
-    async def sent_alerts(self, since_wall_ms: int) -> set[str]:
-        """Message ids (``id:state``) of the alerts sent since ``since_wall_ms`` (their Kafka time is
-        when they were sent), from every partition of the alerts topic."""
+    async def sent_ids(self, since_wall_ms: int) -> set[str]:
+        """The ids (``id_of`` each message: ``id:state`` for alerts, ``id`` for triggers) of what was sent to
+        the output topic since ``since_wall_ms`` (their Kafka time is when they were sent), from every
+        partition."""
         consumer = AIOKafkaConsumer(**aiokafka_config(self.settings), enable_auto_commit=False,
                                     client_id="flopwatch-detect-replay")
         await consumer.start()

@@ -19,7 +19,7 @@ class FrameHistory(Protocol):
     """A partition's recent input messages (by event time), and the ids of the outputs already sent."""
 
     async def read(self, partition: int, since_ms: int, until_offset: int) -> Sequence[bytes]: ...
-    async def sent_alerts(self, since_wall_ms: int) -> set[str]: ...
+    async def sent_ids(self, since_wall_ms: int) -> set[str]: ...
 
 
 class Rejects(Protocol):
@@ -34,7 +34,7 @@ async def read_history(history: FrameHistory, partition: int, offset: int, times
     Outputs carry their send time as the Kafka timestamp, which is wall time after the inputs' event time:
     covering the replayed inputs' event time too keeps a worker that was down for long from sending
     again what it sent before the crash."""
-    sent = await history.sent_alerts(min(wall_ms - SENT_LOOKBACK_MS, timestamp_ms - replay_ms))
+    sent = await history.sent_ids(min(wall_ms - SENT_LOOKBACK_MS, timestamp_ms - replay_ms))
     return sent, await history.read(partition, timestamp_ms - replay_ms, offset)
 
 

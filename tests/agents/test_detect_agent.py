@@ -47,7 +47,7 @@ class History:
         self.sent = sent or set()
         self.asked: list[tuple[int, int, int]] = []
 
-    async def sent_alerts(self, since_wall_ms: int) -> set[str]:
+    async def sent_ids(self, since_wall_ms: int) -> set[str]:
         return set(self.sent)
 
     async def read(self, partition: int, since_ms: int, until_offset: int) -> Sequence[bytes]:
