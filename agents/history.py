@@ -24,8 +24,8 @@ def _message_id(raw: bytes) -> str:
 
 
 class KafkaFrameHistory:
-    """``agents.detect.FrameHistory`` over the frames topic (frames carry their tick as the timestamp),
-    and the alerts already on the alerts topic."""
+    """``agents.partition_agent.FrameHistory`` over an input topic whose messages carry their event time as
+    the Kafka timestamp (frames, workload summaries), and the outputs already on an output topic."""
 
     def __init__(self, settings: Settings, topic: str, alerts_topic: str,
                  id_of: Callable[[bytes], str] = _message_id) -> None:
