@@ -3,7 +3,7 @@
 The app declares every topic of the wire contract with raw-bytes codecs (Faust's own
 decode path acks a message and then crashes the agent on bad input, faust#175), so
 agents added later decode with ``schemas.codec`` and dead-letter what fails. The
-ingest itself is a batch consumer (see ``agents.ingest``) hosted as a Faust service,
+ingest itself is a batch consumer (see ``agents.ingest.worker``) hosted as a Faust service,
 so one ``flopwatch worker --runtime faust`` process runs Faust's worker machinery
 (signals, logging, service tree) around it.
 """
@@ -20,21 +20,28 @@ from typing import Any
 import faust
 from mode import Service
 
-from agents.deadletter import DeadLetter
-from agents.decide import ClickHouseDecisions, DecideRuntime, DecisionSink, KafkaTriggerSink, trigger_id_of
-from agents.decide import install as install_decide
-from agents.detect import AlertSink, ClickHouseDetections, DetectRuntime, KafkaAlertSink, KafkaSummarySink, install
-from agents.history import KafkaFrameHistory
-from agents.ingest import Ingestor, IngestStats
+from agents.decide.agent import ClickHouseDecisions, DecideRuntime, DecisionSink, KafkaTriggerSink, trigger_id_of
+from agents.decide.agent import install as install_decide
+from agents.decide.scale_view import ScaleView
+from agents.detect.agent import (
+    AlertSink,
+    ClickHouseDetections,
+    DetectRuntime,
+    KafkaAlertSink,
+    KafkaSummarySink,
+    install,
+)
+from agents.ingest.pricebook_file import PriceBookFile
+from agents.ingest.worker import Ingestor, IngestStats
+from agents.kafka.producer import SampleProducer
+from agents.kafka.topics import Topics
 from agents.metrics import AlertDelays, Metrics
-from agents.pricebook import PriceBookFile
-from agents.producer import SampleProducer
-from agents.scale_view import ScaleView
+from agents.runtime.history import KafkaFrameHistory
+from agents.runtime.timebase import SYSTEM_CLOCK
 from agents.settings import Settings
-from agents.timebase import SYSTEM_CLOCK
-from agents.topics import Topics
+from agents.sinks.deadletter import DeadLetter
 from agents.web import WebOptions, install_web
-from streams.decide_rules import Decision
+from streams.decide.rules import Decision
 
 
 def broker_credentials(settings: Settings) -> Any:

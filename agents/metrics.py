@@ -34,8 +34,8 @@ from prometheus_client.registry import Collector
 from schemas.records import RejectReason
 
 if TYPE_CHECKING:  # types only: importing the agents would pull River and Kafka into every user of this module
-    from agents.core import IngestStats
-    from agents.detect import DetectStats
+    from agents.detect.agent import DetectStats
+    from agents.ingest.core import IngestStats
     from schemas.alerts import Alert
 
 __all__ = ["DELAY_BUCKETS_S", "OUTCOMES", "AlertDelays", "Metrics"]
@@ -135,7 +135,7 @@ class Metrics:
 
 
 class AlertDelays:
-    """An alert sink (``agents.detect.AlertSink``) that records, per firing alert, the event time from its
+    """An alert sink (``agents.detect.agent.AlertSink``) that records, per firing alert, the event time from its
     onset to the alert as ``flopwatch_detector_delay_seconds{kind="alert"}``. The detection agent drops
     alerts it had already sent before a restart ahead of its sinks, so a replay is not counted twice."""
 

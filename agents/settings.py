@@ -16,10 +16,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from streams.align import AlignParams
-from streams.decide_params import DecideParams, PolicyError, parse_decide_policy
-from streams.detect import DetectParams
-from streams.drift import DriftParams
+from streams.align.aligner import AlignParams
+from streams.decide.params import DecideParams, PolicyError, parse_decide_policy
+from streams.detect.detectors import DetectParams
+from streams.detect.drift import DriftParams
 
 ENV_PREFIX = "FLOPWATCH_"
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
@@ -114,7 +114,7 @@ class Settings:
     source_idle_s: float = 15.0
     """A topic-partition or series that fell behind holds the watermark until it has been quiet this
     long while Kafka confirmed it caught up; a node quiet this long has its cells written
-    (``streams.holds``); FLOPWATCH_SOURCE_IDLE_S."""
+    (``streams.align.holds``); FLOPWATCH_SOURCE_IDLE_S."""
     max_age_s: float = 7 * 86400.0
     """UTC samples older than this are rejected ``too_old``; FLOPWATCH_MAX_AGE_S."""
     max_future_s: float = 300.0
@@ -130,7 +130,7 @@ class Settings:
     price_book: str = ""
     """Path of the price book TOML (re-read when edited); empty: the shipped example prices; FLOPWATCH_PRICE_BOOK."""
     derive: bool = True
-    """Fill the efficiency, cost and spike columns of every frame (streams.derive); FLOPWATCH_DERIVE."""
+    """Fill the efficiency, cost and spike columns of every frame (streams.efficiency.derive); FLOPWATCH_DERIVE."""
     publish_frames: bool = True
     """Publish closed frames to flopwatch.frames, which the detection agent reads; FLOPWATCH_PUBLISH_FRAMES."""
     drift_drop: float = 0.12
@@ -160,7 +160,7 @@ class Settings:
     decide: bool = True
     """Run the decision agent (scale triggers to flopwatch.triggers, rows to scale_decisions); FLOPWATCH_DECIDE."""
     decide_policy: str = ""
-    """Path of the decision policy TOML (thresholds, windows, classes, namespace quotas; streams.decide_params);
+    """Path of the decision policy TOML (thresholds, windows, classes, namespace quotas; streams.decide.params);
     empty: the defaults; FLOPWATCH_DECIDE_POLICY."""
     decide_replay_s: float = 900.0
     """Workload summaries replayed (event time) to rebuild decision state: must cover the stabilisation

@@ -5,7 +5,7 @@ Pages
 ``GET /metrics``
     flopwatch's figures (``agents.metrics``) in the Prometheus text format.
 ``GET /keda/<namespace>/<workload>``
-    What the decision engine wants for one workload (``agents.scale_view``), as JSON::
+    What the decision engine wants for one workload (``agents.decide.scale_view``), as JSON::
 
         {"namespace": "serving", "workload": "chat", "class": "inference",
          "desired_replicas": 4, "current_replicas": 3, "metric": "qps", "value": 912.5,
@@ -61,8 +61,8 @@ import faust
 import orjson
 from faust.web import Request, Response, View
 
+from agents.decide.scale_view import Desired, ScaleView
 from agents.metrics import Metrics
-from agents.scale_view import Desired, ScaleView
 from agents.settings import Settings, SettingsError
 
 __all__ = ["WebOptions", "WebOptionsError", "desired_json", "install_web"]

@@ -18,7 +18,7 @@ from schemas.catalog import CATALOG, LABEL_COLUMNS, value_columns
 VALUE_COLUMNS: Final = tuple(col for _, _, col in value_columns())  # one per sensor aggregate
 COUNT_COLUMNS: Final = tuple(s.count_column for s in CATALOG)  # samples per sensor and cell
 LABEL_COLS: Final = tuple(LABEL_COLUMNS.values())
-# Filled by streams.derive after aggregation; NULL where an input is missing, and then
+# Filled by streams.efficiency.derive after aggregation; NULL where an input is missing, and then
 # ``derive_note`` says which (NOTE_CODES).
 DERIVED_COLUMNS: Final = ("tflops", "flops_per_watt", "cost_per_tflops", "energy_j", "cost_usd", "idle",
                           "gpu_util_p99", "sm_active_p99")

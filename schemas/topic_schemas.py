@@ -33,7 +33,7 @@ from schemas.triggers import trigger_schema
 from schemas.workload_samples import WORKLOAD_SAMPLE_VERSION, WorkloadSample
 
 _DRAFT: Final = "https://json-schema.org/draft/2020-12/schema"
-K8S_EVENTS: Final = "k8s.events"  # the names of agents.topics, before any prefix (a test keeps them equal)
+K8S_EVENTS: Final = "k8s.events"  # the names of agents.kafka.topics, before any prefix (a test keeps them equal)
 CLOCK_SYNC: Final = "clock.sync"
 FRAMES: Final = "flopwatch.frames"
 WORKLOADS: Final = "flopwatch.workloads"

@@ -32,13 +32,13 @@ from confluent_kafka import Consumer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agents.admin import delete_topics, ensure_topics
+from agents.collect.simulator import SimulatorPublisher
+from agents.kafka.admin import delete_topics, ensure_topics
+from agents.kafka.topics import Topics
 from agents.settings import load_settings, settings_env
-from agents.simulator import SimulatorPublisher
-from agents.topics import Topics
 from schemas.alerts import decode_alert
-from streams.scenario import parse_scenario
-from streams.simulate import SimParams
+from streams.sim.scenario import parse_scenario
+from streams.sim.simulate import SimParams
 
 
 def scenario_text(nodes: int, gpus: int, seconds: float, every: float = 12.0) -> str:
@@ -63,7 +63,7 @@ def main() -> None:
     settings = load_settings(topic_prefix=f"al{tag}.", group_id=f"al{tag}", chdb_path=f"{tmp}/chdb")
     ensure_topics(settings)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("FLOPWATCH_")}, **settings_env(settings)}
-    worker = subprocess.Popen([sys.executable, "-m", "agents.cli", "worker", "--progress", "none"], env=env,
+    worker = subprocess.Popen([sys.executable, "-m", "agents.cli.main", "worker", "--progress", "none"], env=env,
                               stderr=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[2])
     consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": f"al{tag}-read",
                          "auto.offset.reset": "earliest", "enable.auto.commit": False})

@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from streams.clock import BeaconNoise, ClockEstimator, ClockParams, DomainClock
+from streams.align.clock import BeaconNoise, ClockEstimator, ClockParams, DomainClock
 
 S = 1_000_000_000
 T0 = 1_796_200_000 * S

@@ -35,15 +35,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from throughput import publish
 
-from agents.admin import delete_topics, ensure_topics
-from agents.clickhouse import open_backend
-from agents.core import IngestCore
-from agents.deadletter import DeadLetter
-from agents.producer import SampleProducer
+from agents.ingest.core import IngestCore
+from agents.kafka.admin import delete_topics, ensure_topics
+from agents.kafka.producer import SampleProducer
+from agents.kafka.topics import Topics, aiokafka_config
 from agents.settings import Settings, load_settings
-from agents.store import FrameStore, Progress
-from agents.topics import Topics, aiokafka_config
-from streams.align import Recovered
+from agents.sinks.clickhouse import open_backend
+from agents.sinks.deadletter import DeadLetter
+from agents.sinks.store import FrameStore, Progress
+from streams.align.aligner import Recovered
 
 Poll = dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
 

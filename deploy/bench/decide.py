@@ -3,7 +3,7 @@ a SIGKILL duplicates one.
 
     python deploy/bench/decide.py [--live-seconds 100] [--workloads 6] [--skip-live] [--skip-kill]
 
-1. In-process, every scenario of ``streams.decide_sim`` with the default policy: decisions
+1. In-process, every scenario of ``streams.decide.sim`` with the default policy: decisions
    against the scenario's expectations, direction changes within a stabilisation window,
    decisions taken on stale data, rollback delay after the SLA breach (event time), and
    the engine's speed on the scenario's summaries.
@@ -44,15 +44,15 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agents.admin import delete_topics, ensure_topics
+from agents.kafka.admin import delete_topics, ensure_topics
+from agents.kafka.topics import Topics
 from agents.settings import Settings, load_settings, settings_env
-from agents.topics import Topics
 from schemas.frame_messages import FrameMessage, encode_frame_message
 from schemas.triggers import Trigger, decode_trigger
-from streams.decide import Decider
-from streams.decide_params import ClassPolicy, DecideParams, Rules
-from streams.decide_sim import SCENARIOS, Scenario, check, flaps, run_scenario
-from streams.workload_tap import WorkloadTap
+from streams.decide.engine import Decider
+from streams.decide.params import ClassPolicy, DecideParams, Rules
+from streams.decide.sim import SCENARIOS, Scenario, check, flaps, run_scenario
+from streams.detect.workload_tap import WorkloadTap
 
 ROOT = Path(__file__).resolve().parents[2]
 S = 1_000_000_000
@@ -125,7 +125,7 @@ def live_scenarios(n: int, start_ns: int) -> list[Scenario]:
 
 def worker(settings: Settings, log: Path) -> subprocess.Popen[bytes]:
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("FLOPWATCH_")}, **settings_env(settings)}
-    return subprocess.Popen([sys.executable, "-m", "agents.cli", "worker", "--progress", "none"], env=env,
+    return subprocess.Popen([sys.executable, "-m", "agents.cli.main", "worker", "--progress", "none"], env=env,
                             stderr=log.open("wb"), cwd=ROOT)
 
 
@@ -265,8 +265,8 @@ def sigkill(tmp: str) -> dict[str, Any]:
 def end_to_end(seconds: float, nodes: int, gpus: int, tmp: str) -> dict[str, Any]:
     """The simulated cluster's sensors in real time through the whole worker (ingest included): every
     trigger's latency beyond its tick's end + the allowed lateness."""
-    from agents.simulator import SimulatorPublisher
-    from streams.simulate import SimParams
+    from agents.collect.simulator import SimulatorPublisher
+    from streams.sim.simulate import SimParams
 
     tag = f"de{uuid.uuid4().hex[:6]}"
     settings = load_settings(topic_prefix=f"{tag}.", group_id=tag, chdb_path=f"{tmp}/chdb-{tag}", web_enabled=False)

@@ -4,7 +4,7 @@
                                  [--noise 0.01,0.02] [--noise-only 0.01,0.02,0.05] [--workers 2] [--seed 1]
                                  [--set FIELD=VALUE ...]
 
-Each GPU runs one seeded series through ``streams.drift.EfficiencyDrift`` (default
+Each GPU runs one seeded series through ``streams.detect.drift.EfficiencyDrift`` (default
 parameters, or ``--set`` overrides: must alert at 12% for 3 s, never below 10%, 60 s
 median baseline). The true
 signal is piecewise constant in continuous time; a tick's value is its mean over the
@@ -22,7 +22,7 @@ ends 10 s after its event:
 Delay = end of the confirming tick (tick_ns + grid_ns) - TRUE onset, in event time. A drop
 is recalled when a firing is confirmed in (onset - one tick, end of drop + one tick]. A
 dip or shallow drop with any firing is a false alarm. Also measured (``--sim-noise``, on by
-default, under a second): the per-tick noise of ``streams.simulate.ClusterSimulator``'s
+default, under a second): the per-tick noise of ``streams.sim.simulate.ClusterSimulator``'s
 FLOPS/W (tensor_active / power per tick), robust sigma of tick-to-tick log differences
 / sqrt(2), for its inference and training GPUs: ~5% per tick at 100 ms (NVML samples
 every 100 ms with 0.04 of gaussian activity noise), ~1.6% at 1 s on inference GPUs and
@@ -47,7 +47,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from streams.drift import DriftParams, EfficiencyDrift
+from streams.detect.drift import DriftParams, EfficiencyDrift
 
 S = 1_000_000_000
 DEPTHS = (0.10, 0.11, 0.12, 0.13, 0.15, 0.20, 0.30, 0.50)
@@ -124,7 +124,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def sim_noise() -> dict[str, Any]:
     """Per-tick relative noise of the simulator's FLOPS/W (tensor_active / power), per grid and node kind."""
-    from streams.simulate import ClusterSimulator, SimParams
+    from streams.sim.simulate import ClusterSimulator, SimParams
 
     p = SimParams(nodes=2, gpus=2, seed=7)  # node 0 trains, node 1 serves
     sim = ClusterSimulator(p)

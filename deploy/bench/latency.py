@@ -25,11 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agents.admin import delete_topics, ensure_topics
-from agents.clickhouse import open_backend
+from agents.collect.simulator import SimulatorPublisher
+from agents.kafka.admin import delete_topics, ensure_topics
 from agents.settings import load_settings, settings_env
-from agents.simulator import SimulatorPublisher
-from streams.simulate import SimParams
+from agents.sinks.clickhouse import open_backend
+from streams.sim.simulate import SimParams
 
 
 def main() -> None:
@@ -44,7 +44,7 @@ def main() -> None:
                              clickhouse_backend="native", clickhouse_layout="legacy")
     ensure_topics(settings)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("FLOPWATCH_")}, **settings_env(settings)}
-    worker = subprocess.Popen([sys.executable, "-m", "agents.cli", "worker", "--progress", "none"], env=env,
+    worker = subprocess.Popen([sys.executable, "-m", "agents.cli.main", "worker", "--progress", "none"], env=env,
                               stderr=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[2])
     grid = settings.grid_ms
     try:

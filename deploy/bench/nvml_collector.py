@@ -9,7 +9,7 @@ attributed through a fake /proc, beacons once a second. Modes, run one after ano
 in this process:
 
 - ``noop``: samples go to a sink that drops them (the collector and the double alone);
-- ``sdk``: through ``agents.sdk.Publisher`` (validation, batching, JSON encoding) into a
+- ``sdk``: through ``agents.collect.sdk.Publisher`` (validation, batching, JSON encoding) into a
   producer double that discards messages (no Kafka client);
 - ``kafka``: through the Publisher into the real Kafka at ``FLOPWATCH_KAFKA_BOOTSTRAP``
   (topics with a unique prefix, deleted afterwards); librdkafka's threads count too.
@@ -40,8 +40,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agents.collect_nvml import NvmlCollector
-from agents.sdk import Publisher
+from agents.collect.nvml import NvmlCollector
+from agents.collect.sdk import Publisher
 from agents.settings import load_settings
 from schemas.records import Labels
 from tests.doubles import fake_pynvml as fake
@@ -107,7 +107,7 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path, profile: bool) -> 
     elif mode == "sdk":
         sink = pub = Publisher("127.0.0.1:1", producer=DiscardProducer(), max_age_ms=args.linger_ms)
     else:
-        from agents.admin import delete_topics, ensure_topics
+        from agents.kafka.admin import delete_topics, ensure_topics
 
         settings = load_settings(topic_prefix=f"bench{uuid.uuid4().hex[:6]}.")
         ensure_topics(settings)

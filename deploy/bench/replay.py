@@ -6,7 +6,7 @@
 Writes a CSV as ``nvidia-smi --query-gpu=timestamp,index,uuid,name,utilization.gpu,memory.used,
 power.draw,temperature.gpu,clocks.sm --format=csv -lms 100`` would (GPUS x TICKS rows, units in
 header and values, a few [N/A] and [Not Supported] cells), ending a minute ago; times
-``agents.replay.replay`` publishing it (the bar: under 10 s), ``--rounds`` times on fresh topics;
+``agents.collect.replay.replay`` publishing it (the bar: under 10 s), ``--rounds`` times on fresh topics;
 then (unless --no-frames) runs ``flopwatch worker --exit-when-idle`` on the last round and checks
 that gpu_frames holds exactly the frames the file implies (count, and every cell equal to the
 oracle over the parsed rows).
@@ -30,11 +30,11 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agents.admin import delete_topics, ensure_topics
-from agents.replay import replay
+from agents.collect.replay import replay
+from agents.kafka.admin import delete_topics, ensure_topics
 from agents.settings import Settings, load_settings
 from schemas.catalog import BY_NAME
-from streams.nvsmi_csv import GpuRow, NvsmiCsvReader
+from streams.formats.nvsmi_csv import GpuRow, NvsmiCsvReader
 from tests.integration.helpers import assert_frames_equal, run_worker_until_idle, stored_frames
 from tests.oracle import Series, oracle
 

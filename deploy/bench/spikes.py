@@ -27,8 +27,8 @@ Prints a table and one JSON line.
 ``--pipeline`` times the enricher's real call pattern instead: gpu_util and sm_active per
 GPU, one ``add`` per 10 s message (100 samples), then the ticks that close (up to 2 s
 behind the newest message) read in order per series with ``tick_peak`` + ``release``, and
-``evict_before`` per batch. ``--compare`` runs other implementations of ``streams/spikes.py``
-(e.g. ``git show HEAD:streams/spikes.py > /tmp/old.py``) on the same feed in the same run,
+``evict_before`` per batch. ``--compare`` runs other implementations of ``streams/detect/spikes.py``
+(e.g. ``git show HEAD:streams/detect/spikes.py > /tmp/old.py``) on the same feed in the same run,
 checks their peaks are bit-identical and reports samples/s of each.
 """
 
@@ -47,7 +47,7 @@ import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from streams.spikes import SPIKE_THRESHOLDS, SpikeEngine, SpikeParams, spike_flags
+from streams.detect.spikes import SPIKE_THRESHOLDS, SpikeEngine, SpikeParams, spike_flags
 
 S = 1_000_000_000
 MS = 1_000_000
@@ -73,7 +73,7 @@ def gpu_load(rng: np.random.Generator, minutes: int, background: tuple[float, fl
 
 
 def load_engine(path: str) -> Any:
-    """The ``SpikeEngine`` class of a copy of streams/spikes.py at ``path``."""
+    """The ``SpikeEngine`` class of a copy of streams/detect/spikes.py at ``path``."""
     spec = importlib.util.spec_from_file_location(f"spikes_{abs(hash(path))}", path)
     assert spec is not None and spec.loader is not None, path
     mod = importlib.util.module_from_spec(spec)

@@ -32,13 +32,13 @@ from aiokafka import AIOKafkaConsumer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agents.admin import delete_topics, ensure_topics
-from agents.gc_tuning import tune_for_throughput
-from agents.ingest import Ingestor
+from agents.collect.simulator import SimulatorPublisher
+from agents.ingest.worker import Ingestor
+from agents.kafka.admin import delete_topics, ensure_topics
+from agents.kafka.topics import Topics, aiokafka_config
+from agents.runtime.gc_tuning import tune_for_throughput
 from agents.settings import Settings, load_settings
-from agents.simulator import SimulatorPublisher
-from agents.topics import Topics, aiokafka_config
-from streams.simulate import SimParams
+from streams.sim.simulate import SimParams
 
 
 def publish(settings: Settings, samples: int, batch_size: int, clock_domains: bool = False) -> dict[str, Any]:
@@ -202,7 +202,7 @@ async def detect_frames(settings: Settings, start: dict[int, int], end: dict[int
     from aiokafka import TopicPartition
 
     from agents.app import link_capacity
-    from agents.detect import DetectRuntime
+    from agents.detect.agent import DetectRuntime
     from schemas.workload_samples import WorkloadSample, encode_workload_sample
 
     class NoHistory:

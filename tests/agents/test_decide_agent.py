@@ -9,16 +9,16 @@ from typing import Any
 
 import faust
 
-from agents.decide import DecideRuntime, install
-from agents.detect import DetectRuntime
-from agents.detect import install as install_detect
-from agents.scale_view import ScaleView
+from agents.decide.agent import DecideRuntime, install
+from agents.decide.scale_view import ScaleView
+from agents.detect.agent import DetectRuntime
+from agents.detect.agent import install as install_detect
 from schemas.frame_messages import encode_frame_message
 from schemas.workload_samples import WorkloadSample, encode_workload_sample
-from streams.decide_rules import Decision
-from streams.decide_sim import SCENARIOS, run_scenario
-from streams.detect import DetectParams
-from streams.workload_tap import WorkloadTap
+from streams.decide.rules import Decision
+from streams.decide.sim import SCENARIOS, run_scenario
+from streams.detect.detectors import DetectParams
+from streams.detect.workload_tap import WorkloadTap
 from tests.agents.test_detect_agent import History, Letters
 
 S = 1_000_000_000

@@ -10,11 +10,11 @@ from typing import Any
 import faust
 import numpy as np
 
-from agents.detect import DetectRuntime, install
+from agents.detect.agent import DetectRuntime, install
 from schemas.alerts import Alert
 from schemas.frame_messages import FrameMessage, GpuFrame, encode_frame_message
 from schemas.records import Reject
-from streams.detect import DRIFT_RULE, DetectParams
+from streams.detect.detectors import DRIFT_RULE, DetectParams
 
 GRID = 1_000_000_000
 T0 = 1_796_200_000 * GRID

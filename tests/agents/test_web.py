@@ -20,8 +20,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from agents.decide.scale_view import Desired, ScaleView
 from agents.metrics import Metrics
-from agents.scale_view import Desired, ScaleView
 from agents.settings import SettingsError, load_settings
 from agents.web import WebOptions, install_web
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from agents.admin import delete_topics, ensure_topics
-from agents.clickhouse import NativeBackend
+from agents.kafka.admin import delete_topics, ensure_topics
 from agents.settings import Settings, load_settings
+from agents.sinks.clickhouse import NativeBackend
 
 ROOT = Path(__file__).resolve().parents[2]
 

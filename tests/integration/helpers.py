@@ -15,17 +15,17 @@ from typing import Any, cast
 
 import orjson
 
-from agents.clickhouse import open_backend
 from agents.settings import Settings, settings_env
+from agents.sinks.clickhouse import open_backend
 from schemas import ddl
-from streams.simulate import ClusterSimulator, SimParams
+from streams.sim.simulate import ClusterSimulator, SimParams
 from tests.oracle import Rows, oracle, series_of
 
 
 def worker_cmd(*extra: str) -> list[str]:
     """The worker command; the plain runtime (ingest alone) unless ``extra`` names another."""
     runtime = [] if "--runtime" in extra or "--exit-when-idle" in extra else ["--runtime", "plain"]
-    return [sys.executable, "-m", "agents.cli", "worker", "--progress", "json", *runtime, *extra]
+    return [sys.executable, "-m", "agents.cli.main", "worker", "--progress", "json", *runtime, *extra]
 
 
 def worker_env(settings: Settings) -> dict[str, str]:

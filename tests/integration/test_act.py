@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from agents.act_ledger import ActLedger
-from agents.producer import SampleProducer
+from agents.act.ledger import ActLedger
+from agents.kafka.producer import SampleProducer
+from agents.kafka.topics import Topics, confluent_config
 from agents.settings import Settings
-from agents.topics import Topics, confluent_config
 from schemas.triggers import Action, Trigger, decode_trigger, encode_trigger, make_trigger
 from tests.integration.helpers import worker_env
 
@@ -39,7 +39,7 @@ KEY_IN_LINE = re.compile(r'  # .*idempotency_key=(".*")$')
 
 
 def act_cmd(*extra: str, verbose: bool = False) -> list[str]:
-    return [sys.executable, "-m", "agents.cli", *(["-v"] if verbose else []), "act", *extra]
+    return [sys.executable, "-m", "agents.cli.main", *(["-v"] if verbose else []), "act", *extra]
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 
 import pytest
 
-from agents.producer import SampleProducer
+from agents.kafka.producer import SampleProducer
+from agents.kafka.topics import ALERTS
 from agents.settings import Settings
-from agents.topics import ALERTS
 from schemas.alerts import Alert, alert_key, encode_alert, make_alert
 from tests.integration.helpers import worker_env
 
@@ -78,7 +78,7 @@ class Forwarder:
         self.log = log
         self._err = log.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agents.cli", "alerts", "forward", "--alertmanager", url,
+            [sys.executable, "-m", "agents.cli.main", "alerts", "forward", "--alertmanager", url,
              "--resend-s", str(RESEND_S), "--ends-after-s", str(ENDS_AFTER_S), *extra],
             env=worker_env(settings), stdout=subprocess.PIPE, stderr=self._err, text=True)
 

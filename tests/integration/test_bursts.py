@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from agents.clickhouse import open_backend
+from agents.collect.simulator import SimulatorPublisher
 from agents.settings import Settings
-from agents.simulator import SimulatorPublisher
+from agents.sinks.clickhouse import open_backend
 from schemas.records import SampleBatch
-from streams.simulate import SimParams
+from streams.sim.simulate import SimParams
 from tests.integration.conftest import ROOT
 from tests.integration.helpers import Worker, assert_frames_equal, stored_frames
 from tests.oracle import oracle, series_of

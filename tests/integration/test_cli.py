@@ -11,16 +11,16 @@ import time
 
 import pytest
 
+from agents.collect.simulator import SimulatorPublisher
 from agents.settings import Settings
-from agents.simulator import SimulatorPublisher
-from streams.simulate import SimParams
+from streams.sim.simulate import SimParams
 from tests.integration.helpers import run_worker_until_idle, stored_frames, worker_env
 
 pytestmark = pytest.mark.integration
 
 
 def flopwatch(settings: Settings, *args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "agents.cli", *args], env=worker_env(settings),
+    return subprocess.run([sys.executable, "-m", "agents.cli.main", *args], env=worker_env(settings),
                           capture_output=True, text=True, timeout=timeout_s)
 
 

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from agents.clickhouse import ClickHouseError, NativeBackend, ensure_schema
-from agents.producer import DeliveryError, SampleProducer
+from agents.kafka.producer import DeliveryError, SampleProducer
 from agents.settings import Settings
+from agents.sinks.clickhouse import ClickHouseError, NativeBackend, ensure_schema
 
 pytestmark = pytest.mark.integration
 

@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from agents.clickhouse import open_backend
+from agents.collect.simulator import SimulatorPublisher
 from agents.settings import Settings
-from agents.simulator import SimulatorPublisher
+from agents.sinks.clickhouse import open_backend
 from schemas.catalog import CATALOG
-from streams.simulate import SimParams
+from streams.sim.simulate import SimParams
 from tests.integration.helpers import expected_frames, run_worker_until_idle, sample_total, stored_frames
 
 pytestmark = pytest.mark.integration

@@ -17,8 +17,8 @@ import orjson
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from agents.kafka.topics import Topics, confluent_config
 from agents.settings import Settings, settings_env
-from agents.topics import Topics, confluent_config
 from schemas.codec import decode_k8s_event
 from schemas.records import K8sEvent
 from tests.k8s_fake_apiserver import FakeApiServer, FakeCluster
@@ -49,13 +49,13 @@ def event(uid: str, involved: tuple[str, str], reason: str, count: int = 1, host
 
 
 class Collector:
-    """The collector as a subprocess (``python -m agents.collect_k8s``), its log in a file."""
+    """The collector as a subprocess (``python -m agents.collect.k8s``), its log in a file."""
 
     def __init__(self, settings: Settings, kubeconfig: Path, state: Path, log: Path) -> None:
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("FLOPWATCH_")}, **settings_env(settings)}
         self.log = log
         self._fh = open(log, "ab")  # noqa: SIM115  (closed in stop/kill)
-        self.proc = subprocess.Popen([sys.executable, "-m", "agents.collect_k8s", "--kubeconfig", str(kubeconfig),
+        self.proc = subprocess.Popen([sys.executable, "-m", "agents.collect.k8s", "--kubeconfig", str(kubeconfig),
                                       "--state", str(state)], env=env, cwd=ROOT, stdout=self._fh,
                                      stderr=subprocess.STDOUT)
 

@@ -10,10 +10,10 @@ from typing import cast
 
 import pytest
 
-from agents.collect_nvml import NvmlCollector
-from agents.sdk import Publisher
+from agents.collect.nvml import NvmlCollector
+from agents.collect.sdk import Publisher
+from agents.kafka.topics import Topics
 from agents.settings import Settings
-from agents.topics import Topics
 from schemas.catalog import BY_NAME
 from schemas.codec import decode_beacon, decode_samples
 from schemas.records import ClockBeacon, SampleBatch
@@ -97,7 +97,7 @@ def test_nvml_command_publishes_with_the_double(base_settings: Settings, monkeyp
 
     from click.testing import CliRunner
 
-    from agents.cli_nvml import nvml_command
+    from agents.cli.nvml import nvml_command
 
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(fake.gpus(2)))
     monkeypatch.setenv("FLOPWATCH_KAFKA_BOOTSTRAP", base_settings.kafka_bootstrap)

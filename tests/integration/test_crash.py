@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from agents.collect.simulator import SimulatorPublisher
 from agents.settings import Settings
-from agents.simulator import SimulatorPublisher
 from schemas.catalog import CATALOG
-from streams.simulate import SimParams
+from streams.sim.simulate import SimParams
 from tests.integration.helpers import (
     Worker,
     assert_frames_equal,

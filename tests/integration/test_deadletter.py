@@ -9,11 +9,11 @@ import orjson
 import pytest
 from confluent_kafka import Consumer
 
-from agents.producer import SampleProducer
+from agents.collect.simulator import SimulatorPublisher
+from agents.kafka.producer import SampleProducer
+from agents.kafka.topics import Topics, confluent_config
 from agents.settings import Settings
-from agents.simulator import SimulatorPublisher
-from agents.topics import Topics, confluent_config
-from streams.simulate import SimParams
+from streams.sim.simulate import SimParams
 from tests.integration.helpers import assert_frames_equal, expected_frames, run_worker_until_idle, stored_frames
 
 pytestmark = pytest.mark.integration
@@ -111,9 +111,9 @@ def test_a_record_that_trips_a_bug_is_dead_lettered_and_the_worker_goes_on(
     the dead-letter topic as internal_error with the exception, the rest is exact."""
     import asyncio
 
-    import agents.core as core
-    import agents.ingest as ingest
-    from agents.cli import _stop_when_idle
+    import agents.ingest.core as core
+    import agents.ingest.worker as ingest
+    from agents.cli.main import _stop_when_idle
     from schemas.codec import decode_k8s_event, decode_samples
 
     settings = native_settings

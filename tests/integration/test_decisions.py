@@ -17,12 +17,12 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
-from agents.clickhouse import open_backend
+from agents.kafka.topics import Topics
 from agents.settings import Settings
-from agents.topics import Topics
+from agents.sinks.clickhouse import open_backend
 from schemas.frame_messages import FrameMessage, encode_frame_message
 from schemas.triggers import Trigger, decode_trigger, trigger_schema
-from streams.decide_sim import SCENARIOS, run_scenario
+from streams.decide.sim import SCENARIOS, run_scenario
 from tests.integration.helpers import Worker
 from tests.integration.test_detection import read_topic
 

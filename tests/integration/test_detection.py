@@ -17,14 +17,14 @@ import orjson
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from agents.clickhouse import open_backend
+from agents.collect.simulator import SimulatorPublisher
+from agents.kafka.topics import Topics
 from agents.settings import Settings
-from agents.simulator import SimulatorPublisher
-from agents.topics import Topics
+from agents.sinks.clickhouse import open_backend
 from schemas.alerts import alert_schema, decode_alert
 from schemas.frame_messages import decode_frame_message, frame_schema
-from streams.scenario import parse_scenario
-from streams.simulate import SimParams
+from streams.sim.scenario import parse_scenario
+from streams.sim.simulate import SimParams
 from tests.integration.helpers import Worker, run_worker_until_idle, stored_frames
 
 pytestmark = pytest.mark.integration

@@ -6,10 +6,10 @@ import time
 
 import pytest
 
+from agents.collect.simulator import SimulatorPublisher
 from agents.settings import Settings
-from agents.simulator import SimulatorPublisher
 from schemas.catalog import CATALOG
-from streams.simulate import SimParams
+from streams.sim.simulate import SimParams
 from tests.integration.helpers import assert_frames_equal, expected_frames, run_worker_until_idle, stored_frames
 
 pytestmark = pytest.mark.integration

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from agents.clickhouse import ensure_schema, open_backend
 from agents.settings import Settings
-from agents.store import FrameStore
+from agents.sinks.clickhouse import ensure_schema, open_backend
+from agents.sinks.store import FrameStore
 from schemas.catalog import BY_NAME
-from streams.align import AlignParams, GridAligner
+from streams.align.aligner import AlignParams, GridAligner
 
 pytestmark = pytest.mark.integration
 

@@ -24,10 +24,10 @@ import aiohttp
 import faust
 import pytest
 
-from agents.core import IngestStats
-from agents.detect import DetectStats
+from agents.decide.scale_view import ScaleView
+from agents.detect.agent import DetectStats
+from agents.ingest.core import IngestStats
 from agents.metrics import Metrics
-from agents.scale_view import ScaleView
 from agents.web import WebOptions, install_web
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

@@ -15,12 +15,12 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from agents.replay import replay, replay_command
+from agents.collect.replay import replay, replay_command
+from agents.collect.simulator import batch_messages
 from agents.settings import Settings
-from agents.simulator import batch_messages
 from schemas.catalog import BY_NAME
-from streams.nvsmi_csv import GpuRow, NvsmiCsvReader
-from streams.simulate import ClusterSimulator, SimParams
+from streams.formats.nvsmi_csv import GpuRow, NvsmiCsvReader
+from streams.sim.simulate import ClusterSimulator, SimParams
 from tests.integration.helpers import assert_frames_equal, run_worker_until_idle, stored_frames
 from tests.oracle import Series, oracle, series_of
 

@@ -1,4 +1,4 @@
-"""agents.sdk through real Kafka: every sample sent arrives exactly once, decodable by schemas.codec."""
+"""agents.collect.sdk through real Kafka: every sample sent arrives exactly once, decodable by schemas.codec."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from agents.sdk import Publisher
+from agents.collect.sdk import Publisher
+from agents.kafka.topics import Topics
 from agents.settings import Settings
-from agents.topics import Topics
 from schemas.codec import decode_beacon, decode_samples
 from schemas.records import ClockBeacon, Labels, SampleBatch
 

@@ -14,12 +14,12 @@ import jsonschema
 import orjson
 import pytest
 
+from agents.collect.simulator import SimulatorPublisher
+from agents.kafka.topics import Topics
 from agents.settings import Settings
-from agents.simulator import SimulatorPublisher
-from agents.topics import Topics
 from schemas.topic_schemas import schema_for
-from streams.scenario import parse_scenario
-from streams.simulate import SimParams
+from streams.sim.scenario import parse_scenario
+from streams.sim.simulate import SimParams
 from tests.integration.helpers import Worker
 from tests.integration.test_detection import read_topic
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from agents.act_commands import UnsafeName, check_names, dry_run_line, kubectl_args, namespace_error, workload_error
-from agents.act_ledger import ActLedger, Entry, LedgerError
-from agents.act_sinks import header_safe, retryable
+from agents.act.commands import UnsafeName, check_names, dry_run_line, kubectl_args, namespace_error, workload_error
+from agents.act.ledger import ActLedger, Entry, LedgerError
+from agents.act.sinks import header_safe, retryable
 from schemas.triggers import Action, Trigger, make_trigger
 
 TS = 1_796_200_344_000_000_000
@@ -194,7 +194,7 @@ def test_a_ledger_that_is_not_sqlite_is_refused(tmp_path: Path) -> None:
         ActLedger(path, "live")
 
 
-@pytest.mark.parametrize("name", ["agents.act_commands", "agents.act_ledger", "agents.act_sinks"])
+@pytest.mark.parametrize("name", ["agents.act.commands", "agents.act.ledger", "agents.act.sinks"])
 def test_doctests_pass(name: str) -> None:
     result = doctest.testmod(importlib.import_module(name), verbose=False, report=True)
     assert result.attempted >= 1 and result.failed == 0

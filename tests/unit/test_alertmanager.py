@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import agents.alertmanager
-from agents.alertmanager import (
+import agents.sinks.alertmanager
+from agents.sinks.alertmanager import (
     AlertBook,
     Backoff,
     ForwardParams,
@@ -40,7 +40,7 @@ def states(alerts: list[Alert]) -> list[tuple[str, str]]:
 
 
 def test_doctests_pass() -> None:
-    result = doctest.testmod(agents.alertmanager, report=True)
+    result = doctest.testmod(agents.sinks.alertmanager, report=True)
     assert result.attempted >= 5 and result.failed == 0
 
 

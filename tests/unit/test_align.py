@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.catalog import BY_NAME, CATALOG
-from streams.align import VALUE_COLUMNS, Advance, AlignParams, Frame, GridAligner, LateSamples, Recovered
+from streams.align.aligner import VALUE_COLUMNS, Advance, AlignParams, Frame, GridAligner, LateSamples, Recovered
 from tests.oracle import oracle
 
 GRID = 1_000_000_000
@@ -283,7 +283,7 @@ def test_params_are_validated() -> None:
 
 
 def test_a_clock_correction_moves_samples_onto_utc_and_reports_its_uncertainty() -> None:
-    from streams.clock import ClockFit
+    from streams.align.clock import ClockFit
 
     p = BY_NAME["power"].index
     a = GridAligner(AlignParams(allowed_lateness_ns=0))
@@ -300,7 +300,7 @@ def test_a_clock_correction_moves_samples_onto_utc_and_reports_its_uncertainty()
 def test_corrections_of_a_poll_match_each_fit_applied_alone() -> None:
     """The vectorized correction of a mixed poll (UTC messages among corrected ones) gives
     exactly what ``ClockFit.to_utc`` gives sample by sample."""
-    from streams.clock import ClockFit
+    from streams.align.clock import ClockFit
 
     rng = random.Random(5)
     grid = 100_000_000

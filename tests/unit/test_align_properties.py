@@ -8,7 +8,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.align import AlignParams, Frame, GridAligner
+from streams.align.aligner import AlignParams, Frame, GridAligner
 from tests.oracle import Series, oracle
 from tests.unit.test_align import GRID, T0, as_rows, assert_same, make_samples
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from river import drift
 
-from streams.change import AdwinDetector, ChangeDetector, PageHinkleyDown, make_detector
+from streams.detect.change import AdwinDetector, ChangeDetector, PageHinkleyDown, make_detector
 
 Kind = Literal["page_hinkley", "adwin"]
 PH: dict[str, Any] = {"delta": 0.01, "threshold": 0.3, "min_instances": 10}  # the drift defaults

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from schemas.records import ClockBeacon
-from streams.clock import BeaconNoise, ClockEstimator, ClockParams, DomainClock, DomainTrack
+from streams.align.clock import BeaconNoise, ClockEstimator, ClockParams, DomainClock, DomainTrack
 
 S = 1_000_000_000
 T0 = 1_796_200_000 * S

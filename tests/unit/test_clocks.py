@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from aiokafka import ConsumerRecord
 
-import agents.clocks as clocks
-from agents.clocks import ClockDomains
-from agents.timebase import ManualClock
+import agents.ingest.clocks as clocks
+from agents.ingest.clocks import ClockDomains
+from agents.runtime.timebase import ManualClock
 from schemas.catalog import BY_NAME
 from schemas.records import ClockBeacon, SampleBatch
-from streams.align import AlignParams, GridAligner
-from streams.clock import ClockParams
+from streams.align.aligner import AlignParams, GridAligner
+from streams.align.clock import ClockParams
 
 S = 1_000_000_000
 T0 = 1_796_200_000 * S

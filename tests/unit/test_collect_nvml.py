@@ -1,4 +1,4 @@
-"""agents.collect_nvml against the pynvml double and a recording sink (no Kafka, no GPU)."""
+"""agents.collect.nvml against the pynvml double and a recording sink (no Kafka, no GPU)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from agents import cli_nvml
-from agents.collect_nvml import NoDriver, NvmlCollector
+from agents.cli import nvml as cli_nvml
+from agents.collect.nvml import NoDriver, NvmlCollector
 from schemas.records import Labels
 from tests.doubles import fake_pynvml as fake
 from tests.doubles.fake_pynvml import FakeGpu, FakeNvml, ProcessInfo
@@ -104,7 +104,7 @@ def test_unsupported_field_is_logged_once_and_never_asked_again(tmp_path: Path,
     gpus[1].unsupported = {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetFieldValues", "nvmlDeviceRegisterEvents"}
     nv = FakeNvml(gpus)
     c, sink = _collector(nv, tmp_path)
-    with caplog.at_level(logging.INFO, logger="agents.collect_nvml"):
+    with caplog.at_level(logging.INFO, logger="agents.collect.nvml"):
         c.open()
         for _ in range(5):
             c.tick()
@@ -157,7 +157,7 @@ def test_lost_gpu_is_dropped_and_the_others_go_on(tmp_path: Path, caplog: pytest
     nv = FakeNvml(gpus)
     c, sink = _collector(nv, tmp_path)
     c.open()
-    with caplog.at_level(logging.ERROR, logger="agents.collect_nvml"):
+    with caplog.at_level(logging.ERROR, logger="agents.collect.nvml"):
         for _ in range(6):
             c.tick()
     assert [g.id for g in c.gpus] == [gpus[0].uuid, gpus[2].uuid]

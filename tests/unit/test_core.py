@@ -9,16 +9,16 @@ import orjson
 import pytest
 from aiokafka import ConsumerRecord, TopicPartition
 
-import agents.core as core_module
-from agents.clickhouse import Backend
-from agents.commits import commit_offsets
-from agents.core import IngestCore
+import agents.ingest.core as core_module
+from agents.ingest.commits import commit_offsets
+from agents.ingest.core import IngestCore
+from agents.kafka.topics import Topics
+from agents.runtime.timebase import ManualClock
 from agents.settings import load_settings
-from agents.store import FrameStore, Progress
-from agents.timebase import ManualClock
-from agents.topics import Topics
+from agents.sinks.clickhouse import Backend
+from agents.sinks.store import FrameStore, Progress
 from schemas.records import Reject
-from streams.align import Recovered
+from streams.align.aligner import Recovered
 
 S = 1_000_000_000
 T0 = 1_796_200_000 * S
@@ -129,8 +129,8 @@ def test_commit_offsets_hold_back_to_the_oldest_needed_record() -> None:
 
 
 def test_frames_get_derived_columns_and_the_spike_engine_sees_the_raw_samples() -> None:
-    from agents.enrich import Enricher
-    from agents.pricebook import PriceBookFile
+    from agents.ingest.enrich import Enricher
+    from agents.ingest.pricebook_file import PriceBookFile
 
     store = FrameStore(cast(Backend, None))
     clock = ManualClock(wall_ns=T0 + 2 * S, mono_ns=0)

@@ -10,8 +10,8 @@ import pytest
 
 from schemas.triggers import decode_trigger, encode_trigger
 from schemas.workload_samples import WorkloadSample
-from streams.decide import Decider
-from streams.decide_params import (
+from streams.decide.engine import Decider
+from streams.decide.params import (
     ClassPolicy,
     DecideParams,
     NamespacePolicy,
@@ -19,7 +19,7 @@ from streams.decide_params import (
     Rules,
     parse_decide_policy,
 )
-from streams.decide_rules import Decision
+from streams.decide.rules import Decision
 
 S = 1_000_000_000
 T0 = 1_796_200_000 * S
@@ -298,7 +298,7 @@ def test_the_policy_file_is_read_through_the_settings(tmp_path: Any) -> None:
 def test_the_worker_refuses_a_bad_policy_file_before_it_starts(tmp_path: Any) -> None:
     from click.testing import CliRunner
 
-    from agents.cli import cli
+    from agents.cli.main import cli
 
     bad = tmp_path / "bad.toml"
     bad.write_text("[classes.inference]\nweight = -1\n")

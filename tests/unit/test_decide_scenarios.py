@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from streams.decide_params import S
-from streams.decide_sim import SCENARIOS, check, flaps, run_scenario
+from streams.decide.params import S
+from streams.decide.sim import SCENARIOS, check, flaps, run_scenario
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))

@@ -1,4 +1,4 @@
-"""streams.derive: the efficiency and cost columns, and the reasons a value is NULL."""
+"""streams.efficiency.derive: the efficiency and cost columns, and the reasons a value is NULL."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 
 from schemas.frames import DERIVED_COLUMNS, NOTE_CODES, VALUE_COLUMNS
 from schemas.records import Labels
-from streams.aggregate import FrameBatch
-from streams.derive import IdleParams, derive
+from streams.align.aggregate import FrameBatch
+from streams.efficiency.derive import IdleParams, derive
 
 GRID = 1_000_000_000
 

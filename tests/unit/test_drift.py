@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.drift import DriftBank, DriftEvent, DriftParams, EfficiencyDrift
+from streams.detect.drift import DriftBank, DriftEvent, DriftParams, EfficiencyDrift
 
 S = 1_000_000_000
 GRIDS = [S, S // 10]

@@ -9,7 +9,7 @@ import numpy as np
 import orjson
 import pytest
 
-from agents.frames_out import encode_batch
+from agents.sinks.frames_out import encode_batch
 from schemas.frame_messages import (
     FRAME_SCHEMA_PATH,
     FrameDecodeError,
@@ -19,7 +19,7 @@ from schemas.frame_messages import (
     frame_schema,
 )
 from schemas.frames import DERIVED_COLUMNS, VALUE_COLUMNS
-from streams.aggregate import FrameBatch
+from streams.align.aggregate import FrameBatch
 
 GRID = 1_000_000_000
 T0 = 1_796_200_000 * GRID

@@ -8,10 +8,10 @@ from typing import Any
 
 import orjson
 
-import streams.k8s_watch
+import streams.formats.k8s_watch
 from schemas.codec import decode_k8s_event, encode_k8s_event
 from schemas.records import K8sEvent
-from streams.k8s_watch import Publish, WatchParams, WatchState, gpu_ids, parse_time_ns, pod_info, workload_of
+from streams.formats.k8s_watch import Publish, WatchParams, WatchState, gpu_ids, parse_time_ns, pod_info, workload_of
 
 T0 = 1_796_310_000 * 10**9  # 2026-12-03T15:00:00Z
 
@@ -48,7 +48,7 @@ def ids(pubs: list[Publish]) -> list[str]:
 
 
 def test_doctests_pass() -> None:
-    result = doctest.testmod(streams.k8s_watch, report=True)
+    result = doctest.testmod(streams.formats.k8s_watch, report=True)
     assert result.attempted > 0 and result.failed == 0
 
 

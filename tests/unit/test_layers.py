@@ -43,7 +43,7 @@ def source_files(package: str) -> list[Path]:
 
 def test_the_pure_packages_have_modules() -> None:
     assert {"schemas.codec", "schemas.catalog"} <= set(module_names("schemas"))
-    assert {"streams.align", "streams.simulate"} <= set(module_names("streams"))
+    assert {"streams.align.aligner", "streams.sim.simulate"} <= set(module_names("streams"))
 
 
 # --- (a) importing the pure layers loads no I/O library ---------------------------------------------------------
@@ -169,9 +169,67 @@ def test_the_static_checker_finds_upward_imports() -> None:
     assert not any(_top(m) == "agents" for m in imported)
 
 
+# --- (c) the rooms inside streams/ and agents/ ------------------------------------------------------------------
+
+# Which sibling packages each package may import (itself always). Modules directly in streams/ or agents/
+# other than these packages are not allowed in streams/; in agents/ the app, settings, metrics and web stay at the
+# top (settings may be imported by every package; the app, web and metrics only by the CLI and each other).
+ROOMS: dict[str, set[str]] = {
+    "streams.align": set(),
+    "streams.efficiency": {"streams.align"},
+    "streams.formats": set(),
+    "streams.sim": set(),
+    "streams.detect": {"streams.align", "streams.efficiency"},
+    "streams.decide": {"streams.align", "streams.efficiency", "streams.detect"},
+    "agents.kafka": {"agents.settings"},
+    "agents.runtime": {"agents.settings", "agents.kafka"},
+    "agents.sinks": {"agents.settings", "agents.kafka", "agents.runtime"},
+    "agents.collect": {"agents.settings", "agents.kafka", "agents.runtime"},
+    "agents.act": {"agents.settings", "agents.kafka", "agents.runtime", "agents.sinks"},
+    "agents.ingest": {"agents.settings", "agents.kafka", "agents.runtime", "agents.sinks"},
+    "agents.detect": {"agents.settings", "agents.kafka", "agents.runtime", "agents.sinks"},
+    "agents.decide": {"agents.settings", "agents.kafka", "agents.runtime", "agents.sinks"},
+}
+AGENTS_TOP = {"agents.app", "agents.settings", "agents.metrics", "agents.web"}
+
+
+def _room(name: str) -> str:
+    """The package (``streams.align``) or top-level module (``agents.app``) a dotted name belongs to."""
+    return ".".join(name.split(".")[:2])
+
+
+@pytest.mark.parametrize("package", ["streams", "agents"])
+def test_both_layers_are_packages_of_packages(package: str) -> None:
+    top_modules = {p.stem for p in (ROOT / package).glob("*.py") if p.name != "__init__.py"}
+    allowed = {m.split(".")[1] for m in AGENTS_TOP} if package == "agents" else set()
+    assert top_modules <= allowed, f"modules outside a package in {package}/: {sorted(top_modules - allowed)}"
+    rooms = {p.parent.name for p in (ROOT / package).glob("*/__init__.py")}
+    assert rooms == {r.split(".")[1] for r in ROOMS if r.startswith(package)} | ({"cli"} if package == "agents" else set())
+
+
+@pytest.mark.parametrize("room", sorted(ROOMS))
+def test_each_room_has_a_docstring_and_imports_only_what_it_may(room: str) -> None:
+    init = importlib.import_module(room)
+    assert init.__doc__ and "Imports:" in init.__doc__, f"{room}/__init__.py must say what it holds and may import"
+    package, name = room.split(".")
+    bad = []
+    for path, imported, _ in scanned(package):
+        if path.parts[1] != name:
+            continue
+        for m in sorted(imported):
+            if _top(m) == package and _room(m) not in {room, package} | ROOMS[room]:
+                bad.append(f"{path} imports {m}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_room_checker_sees_a_forbidden_sibling() -> None:
+    imported, _ = violations("from streams.decide.engine import Decider\n", "streams.align.aligner")
+    assert any(_room(m) == "streams.decide" and _room(m) not in ROOMS["streams.align"] for m in imported)
+
+
 # --- doctests -----------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["streams.align", "streams.simulate", "schemas.codec"])
+@pytest.mark.parametrize("name", ["streams.align.aligner", "streams.sim.simulate", "schemas.codec"])
 def test_doctests_pass(name: str) -> None:
     module: ModuleType = importlib.import_module(name)
     result = doctest.testmod(module, verbose=False, report=True)

@@ -7,7 +7,7 @@ import logging
 import pytest
 from aiokafka import errors as kafka_errors
 
-from agents.logs import quiet_kafka_startup
+from agents.runtime.logs import quiet_kafka_startup
 
 
 def _record(err: Exception, msg: str = "Group Coordinator Request failed: %s") -> None:

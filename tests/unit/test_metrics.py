@@ -10,8 +10,8 @@ from collections import Counter
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents.core import IngestStats
-from agents.detect import DetectStats
+from agents.detect.agent import DetectStats
+from agents.ingest.core import IngestStats
 from agents.metrics import DELAY_BUCKETS_S, AlertDelays, Metrics
 from schemas.alerts import make_alert
 

@@ -1,11 +1,11 @@
-"""streams.nvml_fields: NVML -> catalog mapping, unit conversions, the unsupported memo, cgroup parsing."""
+"""streams.formats.nvml_fields: NVML -> catalog mapping, unit conversions, the unsupported memo, cgroup parsing."""
 
 from __future__ import annotations
 
 import pytest
 
 from schemas.catalog import BY_NAME
-from streams import nvml_fields as nf
+from streams.formats import nvml_fields as nf
 
 UID = "1b2c3d4e-0000-4a5b-8c9d-0123456789ab"
 CID = "0f" * 32

@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from streams.nvsmi_csv import CsvFormatError, GpuRow, NvsmiCsvReader, Problem, tick_spacing_ns
+from streams.formats.nvsmi_csv import CsvFormatError, GpuRow, NvsmiCsvReader, Problem, tick_spacing_ns
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvsmi"
 UTC_ZONE = ZoneInfo("UTC")
@@ -134,7 +134,7 @@ def test_tick_spacing_never_waits_backwards() -> None:
     assert tick_spacing_ns(None, 10) == 0 and tick_spacing_ns(10, 110) == 100 and tick_spacing_ns(110, 50) == 0
 
 
-# --- the replay shell (agents/replay.py) with a fake producer: no Kafka ------------------------------------------
+# --- the replay shell (agents/collect/replay.py) with a fake producer: no Kafka ------------------------------------------
 
 class FakeProducer:
     def __init__(self) -> None:
@@ -167,7 +167,7 @@ class FakeClock:
 
 
 def test_replay_batches_by_series_keys_by_node_and_counts_everything() -> None:
-    from agents.replay import replay
+    from agents.collect.replay import replay
     from agents.settings import Settings
     from schemas.codec import decode_samples
 
@@ -189,7 +189,7 @@ def test_replay_batches_by_series_keys_by_node_and_counts_everything() -> None:
 
 
 def test_replay_at_recorded_speed_sleeps_the_recorded_spacing() -> None:
-    from agents.replay import replay
+    from agents.collect.replay import replay
     from agents.settings import Settings
 
     clock, fake = FakeClock(), FakeProducer()
@@ -200,7 +200,7 @@ def test_replay_at_recorded_speed_sleeps_the_recorded_spacing() -> None:
 
 
 def test_replay_of_json_lines_checks_each_line_and_can_rename_the_node(tmp_path: Path) -> None:
-    from agents.replay import detect_format, replay
+    from agents.collect.replay import detect_format, replay
     from agents.settings import Settings
 
     path = tmp_path / "rec.log"
@@ -224,7 +224,7 @@ def test_replay_of_json_lines_checks_each_line_and_can_rename_the_node(tmp_path:
 
 
 def test_replay_goes_on_past_a_file_it_cannot_read_and_says_so(tmp_path: Path) -> None:
-    from agents.replay import replay
+    from agents.collect.replay import replay
     from agents.settings import Settings
 
     bad = tmp_path / "bad.csv"
@@ -239,7 +239,7 @@ def test_replay_goes_on_past_a_file_it_cannot_read_and_says_so(tmp_path: Path) -
 
 
 def test_replay_shows_the_first_problems_of_a_file_and_counts_the_rest(tmp_path: Path) -> None:
-    from agents.replay import replay
+    from agents.collect.replay import replay
     from agents.settings import Settings
 
     path = tmp_path / "many.csv"
@@ -254,7 +254,7 @@ def test_replay_shows_the_first_problems_of_a_file_and_counts_the_rest(tmp_path:
 def test_the_replay_command_refuses_an_unknown_zone_before_touching_kafka() -> None:
     from click.testing import CliRunner
 
-    from agents.replay import replay_command
+    from agents.collect.replay import replay_command
     from agents.settings import Settings
 
     out = CliRunner().invoke(replay_command, [str(FIXTURES / "uuid_only.csv"), "--tz", "Mars/Olympus"],

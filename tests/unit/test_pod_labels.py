@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 
 from schemas.records import K8sEvent, Labels
-from streams.pod_labels import PodLabelBook
+from streams.formats.pod_labels import PodLabelBook
 
 
 def pod(node: str, name: str, gpus: tuple[str, ...] = (), count: int = 1, reason: str = "PodLabels",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiokafka import TopicPartition
 
-from agents.positions import ANSWER_S, Positions
+from agents.ingest.positions import ANSWER_S, Positions
 
 S = 1_000_000_000
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.pricebook import PriceBookFile
-from agents.timebase import ManualClock
+from agents.ingest.pricebook_file import PriceBookFile
+from agents.runtime.timebase import ManualClock
 from schemas.gpus import SPECS
 from schemas.pricebook import PriceBookError
 
@@ -34,7 +34,7 @@ def path(tmp_path: Path) -> Path:
 
 
 def errors(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "agents.pricebook" and r.levelno == logging.ERROR]
+    return [r.getMessage() for r in caplog.records if r.name == "agents.ingest.pricebook_file" and r.levelno == logging.ERROR]
 
 
 def test_first_call_loads_the_file(path: Path) -> None:
@@ -93,7 +93,7 @@ def test_a_bad_edit_keeps_the_last_good_book_and_logs_once(path: Path, caplog: p
     good = book.current()
     write(path, "version = 1\n[default]\nH100-SXM = -3.90\n", 1001)
     clock.advance(SECOND)
-    with caplog.at_level(logging.INFO, logger="agents.pricebook"):
+    with caplog.at_level(logging.INFO, logger="agents.ingest.pricebook_file"):
         assert book.current() is good
         for _ in range(3):  # the same bad file, checked again: no new message
             clock.advance(SECOND)
@@ -112,7 +112,7 @@ def test_a_good_edit_after_a_bad_one_clears_the_error(path: Path, caplog: pytest
     assert book.error is not None and f"{path}:2: invalid TOML" in book.error
     write(path, prices("2.95"), 1002)
     clock.advance(SECOND)
-    with caplog.at_level(logging.INFO, logger="agents.pricebook"):
+    with caplog.at_level(logging.INFO, logger="agents.ingest.pricebook_file"):
         assert book.current().hourly_usd("H100-SXM", None) == 2.95
     assert book.error is None
     assert any("fixed" in r.getMessage() for r in caplog.records)
@@ -122,7 +122,7 @@ def test_a_second_different_bad_edit_is_logged_too(path: Path, caplog: pytest.Lo
     clock = ManualClock()
     book = PriceBookFile(path, clock)
     book.current()
-    with caplog.at_level(logging.ERROR, logger="agents.pricebook"):
+    with caplog.at_level(logging.ERROR, logger="agents.ingest.pricebook_file"):
         for n, text in enumerate(("version = 2\n", "version = 1\nfoo = 1\n"), 1):
             write(path, text, 1000 + n)
             clock.advance(SECOND)
@@ -136,7 +136,7 @@ def test_a_deleted_file_keeps_the_last_good_book_until_it_is_back(path: Path,
     book = PriceBookFile(path, clock)
     good = book.current()
     path.unlink()
-    with caplog.at_level(logging.ERROR, logger="agents.pricebook"):
+    with caplog.at_level(logging.ERROR, logger="agents.ingest.pricebook_file"):
         for _ in range(3):
             clock.advance(SECOND)
             assert book.current() is good

@@ -11,10 +11,10 @@ from types import ModuleType
 import pytest
 from click.testing import CliRunner
 
-import streams.scenario
-import streams.sim_scenario
+import streams.sim.play
+import streams.sim.scenario
 from schemas.records import K8sEvent
-from streams.scenario import (
+from streams.sim.scenario import (
     ALERT_MIN_DEPTH,
     Scenario,
     ScenarioError,
@@ -23,7 +23,7 @@ from streams.scenario import (
     load_scenario,
     parse_scenario,
 )
-from streams.simulate import ClusterSimulator, SimParams
+from streams.sim.simulate import ClusterSimulator, SimParams
 
 S = 1_000_000_000
 ROOT = Path(__file__).resolve().parents[2]
@@ -374,14 +374,14 @@ def test_the_simulator_plays_the_shipped_demo() -> None:
 
 # --- doctests and the command line --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("module", [streams.scenario, streams.sim_scenario])
+@pytest.mark.parametrize("module", [streams.sim.scenario, streams.sim.play])
 def test_doctests_pass(module: ModuleType) -> None:
     result = doctest.testmod(module, verbose=False, report=True)
     assert result.attempted >= 1 and result.failed == 0
 
 
 def test_simulate_refuses_a_bad_scenario_before_touching_kafka(tmp_path: Path) -> None:
-    from agents.cli import cli
+    from agents.cli.main import cli
 
     f = tmp_path / "bad.toml"
     f.write_text(toml(DROP.replace("node-00", "node-07")))

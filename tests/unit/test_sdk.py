@@ -1,4 +1,4 @@
-"""agents.sdk: validation, batching per series, size/age flushes, bounded buffering, beacons (no Kafka)."""
+"""agents.collect.sdk: validation, batching per series, size/age flushes, bounded buffering, beacons (no Kafka)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from agents.sdk import Batcher, Publisher, check_sample, read_domain_clock
+from agents.collect.sdk import Batcher, Publisher, check_sample, read_domain_clock
 from agents.settings import Settings
 from schemas.codec import decode_beacon, decode_samples
 from schemas.records import ClockBeacon, SampleBatch

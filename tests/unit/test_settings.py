@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from agents.kafka.topics import Topics, aiokafka_config, confluent_config
 from agents.settings import Secret, Settings, SettingsError, load_settings, settings_env
-from agents.topics import Topics, aiokafka_config, confluent_config
 from schemas.catalog import CATALOG
-from streams.align import AlignParams
+from streams.align.aligner import AlignParams
 
 KAFKA_PW = "kafka-pw-Zq81"
 CH_PW = "clickhouse-pw-Xy42"

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from schemas.catalog import BY_NAME, CATALOG
 from schemas.records import K8sEvent, SampleBatch
-from streams.simulate import (
+from streams.sim.simulate import (
     GPU_PHYSICS,
     XID_CODES,
     ClusterSimulator,

@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from streams.spikes import SPIKE_THRESHOLDS, SpikeEngine, SpikeParams, spike_flags
+from streams.detect.spikes import SPIKE_THRESHOLDS, SpikeEngine, SpikeParams, spike_flags
 
 S = 1_000_000_000
 MS = 1_000_000

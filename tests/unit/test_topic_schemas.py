@@ -12,16 +12,16 @@ import pytest
 from click.testing import CliRunner
 
 import schemas.topic_schemas
-from agents.schema_cli import export_command, schema_command
+from agents.cli.schema import export_command, schema_command
+from agents.collect.simulator import batch_messages
+from agents.kafka.topics import Topics
 from agents.settings import Settings
-from agents.simulator import batch_messages
-from agents.topics import Topics
 from schemas.catalog import BY_NAME, CATALOG
 from schemas.codec import decode_samples, encode_beacon, encode_k8s_event
 from schemas.records import ClockBeacon, K8sEvent, SampleBatch
 from schemas.topic_schemas import SHIPPED, TOPIC_NAMES, UnknownTopicError, schema_for, shipped_file
 from schemas.workload_samples import WorkloadSample, encode_workload_sample
-from streams.simulate import ClusterSimulator, SimParams
+from streams.sim.simulate import ClusterSimulator, SimParams
 
 JSON_DIR = Path(schemas.topic_schemas.__file__).parent / "json"
 T0 = 1_796_200_000 * 10**9

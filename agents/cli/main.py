@@ -1,0 +1,354 @@
+"""The ``flopwatch`` command line: demo, worker, simulate, sql."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from agents.cli.lazy import LazyGroup
+from agents.settings import Settings, SettingsError, load_settings
+
+log = logging.getLogger("flopwatch")
+
+
+def _settings(ctx: click.Context) -> Settings:
+    obj: Settings = ctx.obj
+    return obj
+
+
+def _check_policy(settings: Settings) -> None:
+    """A decision policy file that cannot be used stops the command before anything starts."""
+    if settings.decide:
+        try:
+            settings.decide_params()
+        except SettingsError as exc:
+            raise click.UsageError(str(exc)) from None
+
+
+@click.group(cls=LazyGroup, lazy_commands={"replay": "agents.collect.replay:replay_command",
+                                           "collect": "agents.cli.integrations:collect",
+                                           "schema": "agents.cli.integrations:schema"})
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
+              help="TOML settings file (default: $FLOPWATCH_CONFIG). Environment variables override it.")
+@click.option("-v", "--verbose", is_flag=True, help="Log at debug level.")
+@click.pass_context
+def cli(ctx: click.Context, config_file: str | None, verbose: bool) -> None:
+    """flopwatch: what your GPU cluster's compute really costs, streamed from Kafka into ClickHouse."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    from agents.runtime.logs import quiet_kafka_startup
+
+    quiet_kafka_startup()
+    try:
+        ctx.obj = load_settings(config_file=config_file)
+    except SettingsError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+@cli.command()
+@click.option("--progress", type=click.Choice(["text", "json", "none"]), default="text",
+              help="What to print after each ClickHouse flush (stderr).")
+@click.option("--exit-when-idle", type=float, default=None, metavar="SECONDS",
+              help="Exit once all input is consumed and written and nothing new came for SECONDS.")
+@click.option("--runtime", type=click.Choice(["plain", "faust"]), default=None,
+              help="faust (default): one Faust worker runs the ingest (a service) and the detection agent; "
+                   "plain: the ingest alone in an asyncio process (it still publishes flopwatch.frames; "
+                   "the default with --exit-when-idle).")
+@click.pass_context
+def worker(ctx: click.Context, progress: str, exit_when_idle: float | None, runtime: str | None) -> None:
+    """Consume the sensor topics, align them, write frames to ClickHouse and flopwatch.frames, and run the
+    detectors on them (alerts to flopwatch.alerts and ClickHouse detections) until stopped."""
+    runtime = runtime or ("plain" if exit_when_idle is not None else "faust")
+    from aiokafka.errors import KafkaError
+
+    from agents.ingest.worker import CommitError, Ingestor, IngestStats
+    from agents.kafka.admin import ensure_topics
+    from agents.runtime.gc_tuning import tune_for_throughput
+
+    settings = _settings(ctx)
+    _check_policy(settings)
+    ensure_topics(settings)
+    tune_for_throughput()
+
+    def report(st: IngestStats) -> None:
+        if progress == "json":
+            sys.stderr.write(orjson.dumps({"event": "flush", **st.as_dict()}).decode() + "\n")
+        elif progress == "text":
+            log.info("samples=%d frames=%d rejects=%d lag=%s open_cells=%d", st.samples, st.frames_written,
+                     sum(st.rejects.values()), st.lag, st.open_cells)
+        sys.stderr.flush()
+
+    if runtime == "faust":
+        if exit_when_idle is not None:
+            raise click.UsageError("--exit-when-idle needs --runtime plain")
+        import faust
+
+        from agents.app import create_app
+
+        faust.Worker(create_app(settings, report), loglevel="INFO").execute_from_commandline()
+        return
+    ingestor = Ingestor(settings)
+
+    async def main() -> IngestStats:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            stop.set()
+            # Commits follow durable writes, so a hard exit after the grace period loses nothing.
+            loop.call_later(SHUTDOWN_GRACE_S, _hard_exit)
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal)
+        loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
+        watcher = None
+        if exit_when_idle is not None:
+            watcher = loop.create_task(_stop_when_idle(ingestor, stop, exit_when_idle))
+        try:
+            return await ingestor.run(stop, report)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+
+    try:
+        st = asyncio.run(main())
+    except (CommitError, KafkaError) as exc:
+        raise click.ClickException(f"worker stopped: {exc}") from None
+    report(st)
+
+
+SHUTDOWN_GRACE_S = 60.0
+
+
+def _dump_tasks() -> None:
+    """SIGUSR1: where every coroutine of the worker is waiting, for a worker that seems stuck."""
+    for task in asyncio.all_tasks():
+        buf = io.StringIO()
+        task.print_stack(limit=12, file=buf)
+        sys.stderr.write(buf.getvalue())
+    sys.stderr.flush()
+
+
+def _hard_exit() -> None:
+    log.error("shutdown took longer than %.0f s; exiting without the last commit (it will be replayed)",
+              SHUTDOWN_GRACE_S)
+    os._exit(3)
+
+
+async def _stop_when_idle(ingestor: Any, stop: asyncio.Event, idle_s: float) -> None:
+    last, since = -1, time.monotonic()
+    while not stop.is_set():
+        await asyncio.sleep(0.2)
+        st = ingestor.stats
+        if st.messages != last or st.lag != 0:
+            last, since = st.messages, time.monotonic()
+        elif st.open_cells == 0 and st.held == 0 and time.monotonic() - since >= idle_s:
+            stop.set()
+
+
+@cli.command()
+@click.option("--nodes", default=2, show_default=True, help="Simulated nodes.")
+@click.option("--gpus", default=2, show_default=True, help="GPUs per node.")
+@click.option("--duration", type=float, default=None,
+              help="Seconds of event time to publish  [default: the scenario's duration_s, else 60]")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--batch-size", default=100, show_default=True, help="Samples per message (1 = single-sample form).")
+@click.option("--mode", type=click.Choice(["live", "backlog"]), default="live", show_default=True,
+              help="live: in real time from now; backlog: the last DURATION seconds, as fast as possible.")
+@click.option("--bad-every", default=0, help="Also send a corrupted copy of every N-th message (0 = never).")
+@click.option("--clock-domains", is_flag=True,
+              help="Stamp each node's GPU streams with a skewed, drifting GPU clock and publish clock.sync beacons.")
+@click.option("--clock-reset", type=float, default=None, metavar="SECONDS",
+              help="With --clock-domains: every node's GPU clock reboots this many seconds into the run.")
+@click.option("--scenario", "scenario_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="TOML file of labelled events (efficiency drops, spikes, workload changes) to play into the "
+                   "run; see deploy/scenarios/.")
+@click.pass_context
+def simulate(ctx: click.Context, nodes: int, gpus: int, duration: float | None, seed: int, batch_size: int, mode: str,
+             bad_every: int, clock_domains: bool, clock_reset: float | None, scenario_file: str | None) -> None:
+    """Publish a simulated GPU cluster (all 23 streams and K8s events) to Kafka."""
+    from agents.collect.simulator import SimulatorPublisher
+    from agents.kafka.admin import ensure_topics
+    from streams.sim.scenario import Scenario, ScenarioError, load_scenario
+    from streams.sim.simulate import SimParams
+
+    settings = _settings(ctx)
+    scenario: Scenario | None = None
+    if scenario_file is not None:
+        try:
+            scenario = load_scenario(scenario_file)
+            scenario.check_cluster(nodes, gpus)  # before any topic is made
+        except ScenarioError as exc:
+            raise click.BadParameter(str(exc), param_hint="--scenario") from None
+    if duration is None:
+        duration = scenario.duration_s if scenario is not None and scenario.duration_s is not None else 60.0
+    if clock_reset is not None and not clock_domains:
+        raise click.UsageError("--clock-reset needs --clock-domains")
+    if scenario is not None:
+        late = [e.index for e in scenario.events if e.start_s >= duration]
+        if late:
+            log.warning("scenario events %s start after the run's %g s and will not happen", late, duration)
+    ensure_topics(settings)
+    now = time.time_ns()
+    start = now if mode == "live" else now - int(duration * 1e9)
+    params = SimParams(nodes=nodes, gpus=gpus, seed=seed, start_ns=start)
+    pub = SimulatorPublisher(settings, params, batch_size=batch_size, bad_every=bad_every,
+                             clock_domains=clock_domains, clock_reset_s=clock_reset, scenario=scenario)
+    t0 = time.monotonic()
+    st = pub.live(duration) if mode == "live" else pub.backlog(duration)
+    secs = time.monotonic() - t0
+    report: dict[str, Any] = {"start_ns": start, "messages": st.messages, "samples": st.samples, "events": st.events,
+                              "bad": st.bad, "seconds": round(secs, 3)}
+    if scenario is not None:
+        report["scenario"] = scenario.source
+        report["scenario_events"] = len(scenario.events)
+    click.echo(orjson.dumps(report).decode())
+
+
+@cli.command()
+@click.argument("query")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
+@click.pass_context
+def sql(ctx: click.Context, query: str, fmt: str) -> None:
+    """Run a ClickHouse SQL QUERY against flopwatch's database and print the result."""
+    from agents.sinks.clickhouse import ClickHouseError, database_exists, open_backend
+
+    settings = _settings(ctx)
+    exists = True
+    try:
+        backend = open_backend(settings)
+        try:
+            # Unqualified table names mean flopwatch's tables, once a worker has made them.
+            exists = database_exists(backend)
+            if exists:
+                backend.use_database()
+            names, rows = backend.rows(query)
+        finally:
+            backend.close()
+    except ClickHouseError as exc:
+        hint = "" if exists else (f"\n(database {settings.clickhouse_database!r} does not exist yet: "
+                                  "run `flopwatch worker` or `flopwatch demo` first)")
+        raise click.ClickException(f"{exc}{hint}") from None
+    click.echo(render(names, rows, fmt), nl=False)
+
+
+def render(names: list[str], rows: list[tuple[Any, ...]], fmt: str) -> str:
+    if fmt == "json":
+        return orjson.dumps([dict(zip(names, r, strict=True)) for r in rows], default=str).decode() + "\n"
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(names)
+        w.writerows(rows)
+        return buf.getvalue()
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(*names)
+    for r in rows:
+        table.add_row(*("NULL" if v is None else str(v) for v in r))
+    buf = io.StringIO()
+    Console(file=buf, width=200).print(table)
+    return buf.getvalue()
+
+
+@cli.command()
+@click.option("--duration", default=100.0, show_default=True,
+              help="Seconds to simulate (the scheduled events of deploy/scenarios/live-demo.toml span 100 s).")
+@click.option("--nodes", default=2, show_default=True, help="Simulated nodes.")
+@click.option("--gpus", default=4, show_default=True, help="GPUs per node.")
+@click.pass_context
+def demo(ctx: click.Context, duration: float, nodes: int, gpus: int) -> None:
+    """Everything on one machine: local Kafka, embedded ClickHouse, a simulated cluster, live progress."""
+    from agents.cli.demo import run_demo
+    from agents.runtime.gc_tuning import tune_for_throughput
+
+    settings = _settings(ctx)
+    _check_policy(settings)
+    tune_for_throughput()
+    if settings.clickhouse_backend != "chdb":
+        log.info("demo uses the %s backend as configured", settings.clickhouse_backend)
+    run_demo(settings, duration, nodes, gpus, Path(__file__).resolve().parents[1])
+
+
+@cli.command()
+@click.option("--dry-run", "dry_run", is_flag=True,
+              help="Print the kubectl command each trigger asks for, one line each (the default).")
+@click.option("--webhook", "webhook", default=None, metavar="URL",
+              help="POST each trigger's JSON to URL with an Idempotency-Key header, retrying until it answers "
+                   "2xx; user:password@ in it is sent as basic auth and never logged.")
+@click.option("--exec", "execute", is_flag=True, help="Run kubectl for each trigger (an argument list, no shell).")
+@click.option("--kubectl", default="kubectl", show_default=True, metavar="PATH", help="The kubectl --exec runs.")
+@click.option("--state", "state", type=click.Path(dir_okay=False), default=".flopwatch/act.sqlite",
+              show_default=True, help="SQLite ledger of the idempotency keys acted on (one process at a time).")
+@click.option("--retain-days", type=click.FloatRange(min=0.0, min_open=True), default=7.0, show_default=True,
+              help="Keys of triggers older than this are purged from the ledger; such triggers are not acted on.")
+@click.option("--from-beginning", is_flag=True,
+              help="A group without committed offsets starts at the oldest trigger on the topic, not the newest.")
+@click.option("--group", default=None, metavar="NAME",
+              help="Consumer group [default: $FLOPWATCH_GROUP_ID-act, or -act-dry-run for --dry-run].")
+@click.option("--exit-when-idle", type=click.FloatRange(min=0.0), default=None, metavar="SECONDS",
+              help="Exit once every partition is read to its end and nothing new came for SECONDS.")
+@click.pass_context
+def act(ctx: click.Context, dry_run: bool, webhook: str | None, execute: bool, kubectl: str, state: str,
+        retain_days: float, from_beginning: bool, group: str | None, exit_when_idle: float | None) -> None:
+    """Act once per idempotency key on flopwatch.triggers (read_committed) until SIGTERM/SIGINT.
+
+    The act, then the key in the --state ledger, then the offset commit: a restart skips what it did.
+    """
+    from aiokafka.errors import KafkaError
+
+    from agents.act.consumer import DAY_NS, ActParams, ActStats, TriggerConsumer
+    from agents.act.ledger import ActLedger, LedgerError
+    from agents.act.sinks import DryRunSink, KubectlSink, Sink, WebhookSink
+    from agents.kafka.admin import ensure_topics
+
+    if dry_run + (webhook is not None) + execute > 1:
+        raise click.UsageError("choose one of --dry-run, --webhook URL and --exec")
+    settings = _settings(ctx)
+    sink: Sink = (WebhookSink(webhook) if webhook is not None else KubectlSink(kubectl) if execute
+                  else DryRunSink())
+    params = ActParams(group=group or f"{settings.group_id}-act{'-dry-run' if sink.mode == 'dry-run' else ''}",
+                       from_beginning=from_beginning, retain_ns=int(retain_days * DAY_NS),
+                       exit_when_idle_s=exit_when_idle)
+    ensure_topics(settings)
+
+    async def main(ledger: ActLedger) -> ActStats:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        return await TriggerConsumer(settings, sink, ledger, params).run(stop)
+
+    try:
+        with ActLedger(state, sink.mode) as ledger:
+            st = asyncio.run(main(ledger))
+    except (LedgerError, KafkaError, RuntimeError) as exc:
+        raise click.ClickException(f"flopwatch act stopped: {exc}") from None
+    # stdout holds the dry run's commands and nothing else; the summary goes with the logs.
+    sys.stderr.write(orjson.dumps({"event": "stopped", **st.as_dict()}).decode() + "\n")
+
+
+from agents.cli.alerts import alerts  # noqa: E402  (a group of its own module, hung on cli here)
+
+cli.add_command(alerts)
+
+
+def main() -> None:
+    cli(prog_name="flopwatch")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,377 @@
+"""``flopwatch replay FILE...``: publish recorded telemetry to the sensor topics.
+
+Two formats (``--format auto`` picks by extension, then by the first non-blank line):
+
+- ``nvsmi-csv``: what ``nvidia-smi --query-gpu=timestamp,... --format=csv -lms 100`` writes
+  (parsed by ``streams/formats/nvsmi_csv.py``); rows become batch messages of ``sensors.<name>``,
+  clock ``utc``, keyed by the node (``--node``, default the file's name without extension).
+- ``jsonl``: one wire message per line, as a producer would send it, naming its topic with
+  ``"sensor": "<name>"`` (a sensor message, single or batch form) or ``"topic"`` (any input
+  topic: ``sensors.<name>``, ``k8s.events``, ``clock.sync``). Each line is checked with the
+  pipeline's own codec and published unchanged (keyed by its ``node``; ``--node`` rewrites it).
+
+Files are merged by event time, so several nodes' recordings play together. A bad line is
+reported with file:line and skipped; a file that cannot be read at all is reported and the
+others go on; a summary (JSON on stdout) counts everything. The exit code is 1 if a file
+could not be read or Kafka did not take every message.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import tzinfo
+from pathlib import Path
+from typing import Any, Literal, Protocol
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import click
+import orjson
+
+from agents.kafka.producer import DeliveryError, SampleProducer
+from agents.kafka.topics import Topics
+from agents.settings import Settings
+from schemas.catalog import BY_NAME
+from schemas.codec import decode_beacon, decode_k8s_event, decode_samples, encode_batch, encode_sample
+from schemas.records import UTC_CLOCK, ClockBeacon, K8sEvent, Labels, Reject, Sample, SampleBatch
+from schemas.topic_schemas import CLOCK_SYNC, K8S_EVENTS
+from streams.formats.nvsmi_csv import CsvFormatError, GpuRow, NvsmiCsvReader, Problem
+
+log = logging.getLogger(__name__)
+Format = Literal["auto", "jsonl", "nvsmi-csv"]
+Speed = Literal["recorded", "max"]
+_JSONL_EXT = (".jsonl", ".ndjson", ".json")
+_SHOWN_PROBLEMS = 50  # per file; the rest are counted in the summary
+
+
+@dataclass(slots=True)
+class FileSummary:
+    path: str
+    format: str
+    node: str
+    lines: int = 0
+    rows: int = 0  # CSV rows (one GPU at one tick) or JSON lines published
+    samples: int = 0
+    malformed_lines: int = 0
+    skipped_cells: Counter[str] = field(default_factory=Counter)
+    repeated_headers: int = 0
+    unknown_columns: list[str] = field(default_factory=list)
+    time_went_back: int = 0
+    error: str = ""  # the file could not be read (from where it says)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in self.__slots__}
+        out["skipped_cells"] = dict(self.skipped_cells)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Message:
+    """One JSON line ready to publish."""
+
+    topic: str  # without prefix
+    key: str
+    value: bytes
+    samples: int
+
+
+Item = GpuRow | Problem | _Message
+
+
+class Sender(Protocol):
+    """What replay needs of ``SampleProducer`` (tests pass a fake)."""
+
+    def send(self, topic: str, value: bytes, key: str | bytes | None = None) -> None: ...
+
+    def poll(self) -> None: ...
+
+    def flush(self, timeout_s: float = 60.0) -> None: ...
+
+
+def detect_format(path: Path) -> Literal["jsonl", "nvsmi-csv"]:
+    if path.suffix.lower() in _JSONL_EXT:
+        return "jsonl"
+    if path.suffix.lower() == ".csv":
+        return "nvsmi-csv"
+    with path.open("rb") as f:
+        for raw in f:
+            if raw.strip():
+                return "jsonl" if raw.lstrip(b"\xef\xbb\xbf \t").startswith(b"{") else "nvsmi-csv"
+    return "nvsmi-csv"
+
+
+class _Batcher:
+    """Buffers each series' samples and sends them as batch messages of ``batch_size``."""
+
+    def __init__(self, producer: Sender, topics: Topics, batch_size: int) -> None:
+        self.producer, self.batch_size = producer, batch_size
+        self.topic_of = {name: topics.prefix + s.topic for name, s in BY_NAME.items()}
+        self.buffers: dict[tuple[str, str, str], tuple[Labels, list[int], list[float]]] = {}
+        self.messages = 0
+
+    def add(self, node: str, row: GpuRow) -> None:
+        for sensor, value in row.values:
+            key = (sensor, node, row.gpu)
+            buf = self.buffers.get(key)
+            if buf is not None and buf[0] != row.labels:  # a batch carries one label set
+                self._send(key)
+                buf = None
+            if buf is None:
+                buf = self.buffers[key] = (row.labels, [], [])
+            buf[1].append(row.ts_ns)
+            buf[2].append(value)
+            if len(buf[1]) >= self.batch_size:
+                self._send(key)
+
+    def _send(self, key: tuple[str, str, str]) -> None:
+        labels, ts, vals = self.buffers.pop(key)
+        sensor, node, gpu = key
+        batch = SampleBatch(sensor, node, gpu, ts, vals, UTC_CLOCK, labels or None)
+        value = encode_sample(Sample(sensor, node, gpu, ts[0], vals[0], UTC_CLOCK, labels or None)) \
+            if self.batch_size == 1 else encode_batch(batch)
+        self.producer.send(self.topic_of[sensor], value, node)
+        self.messages += 1
+
+    def flush(self) -> None:
+        for key in list(self.buffers):
+            self._send(key)
+        self.producer.poll()
+
+
+def _jsonl_items(path: Path, lines: Iterator[str], node: str | None, summary: FileSummary
+                 ) -> Iterator[tuple[int, Item]]:
+    last_ts = 0
+    for no, line in enumerate(lines, 1):
+        summary.lines += 1
+        text = line.strip().removeprefix("\ufeff")
+        if not text:
+            continue
+        out = _jsonl_message(text.encode(), node)
+        if isinstance(out, str):
+            summary.malformed_lines += 1
+            yield last_ts, Problem(str(path), no, out)
+            continue
+        msg, stamp = out
+        ts = last_ts if stamp is None else stamp  # a clock-domain message keeps its place among the UTC ones
+        summary.rows += 1
+        summary.samples += msg.samples
+        if ts < last_ts:
+            summary.time_went_back += 1
+        last_ts = ts
+        yield ts, msg
+
+
+def _jsonl_message(raw: bytes, node: str | None) -> tuple[_Message, int | None] | str:
+    """The line as a message and its UTC event time (for pacing; None: in another clock domain),
+    or what is wrong with it."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return f"malformed JSON: {exc}"
+    if not isinstance(obj, dict):
+        return "malformed line: expected a JSON object"
+    topic = obj.get("topic") or (f"sensors.{obj['sensor']}" if isinstance(obj.get("sensor"), str) else None)
+    if not isinstance(topic, str):
+        return 'no topic: name it with "sensor": "<name>" or "topic": "sensors.<name>" / "k8s.events" / "clock.sync"'
+    if node is not None:
+        obj["node"] = node
+        raw = orjson.dumps(obj)
+    decoded: object
+    if topic.startswith("sensors."):
+        decoded = decode_samples(raw, topic.removeprefix("sensors."))
+    elif topic == K8S_EVENTS:
+        decoded = decode_k8s_event(raw)
+    elif topic == CLOCK_SYNC:
+        decoded = decode_beacon(raw)
+    else:
+        return f"unknown topic {topic!r}: replay publishes to sensors.<name>, {K8S_EVENTS} and {CLOCK_SYNC}"
+    if isinstance(decoded, Reject):
+        return f"{decoded.reason}: {decoded.detail}"
+    if isinstance(decoded, SampleBatch):
+        return _Message(topic, decoded.node, raw, len(decoded)), decoded.span[0] if decoded.clock == UTC_CLOCK else None
+    if isinstance(decoded, K8sEvent):
+        return _Message(topic, decoded.node, raw, 0), decoded.ts_ns
+    assert isinstance(decoded, ClockBeacon)
+    return _Message(topic, decoded.node, raw, 0), decoded.utc_after_ns
+
+
+def _csv_items(path: Path, lines: Iterator[str], tz: tzinfo, summary: FileSummary) -> Iterator[tuple[int, Item]]:
+    reader = NvsmiCsvReader(str(path), tz)
+    last_ts = 0
+    try:
+        for item in reader.read(lines):
+            if isinstance(item, GpuRow):
+                last_ts = item.ts_ns
+            yield last_ts, item
+    except CsvFormatError as exc:
+        summary.error = str(exc)
+    finally:
+        rep = reader.report
+        summary.lines, summary.rows, summary.samples = rep.lines, rep.rows, rep.samples
+        summary.malformed_lines, summary.repeated_headers = rep.malformed_lines, rep.repeated_headers
+        summary.skipped_cells, summary.unknown_columns = rep.skipped_cells, rep.unknown_columns
+        summary.time_went_back = rep.time_went_back
+
+
+@dataclass
+class ReplayResult:
+    files: list[FileSummary]
+    messages: int
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.error for f in self.files)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"files": [f.as_dict() for f in self.files], "messages": self.messages,
+                "rows": sum(f.rows for f in self.files), "samples": sum(f.samples for f in self.files),
+                "malformed_lines": sum(f.malformed_lines for f in self.files),
+                "skipped_cells": dict(sum((f.skipped_cells for f in self.files), Counter())),
+                "seconds": round(self.seconds, 3)}
+
+
+def replay(settings: Settings, paths: list[Path], fmt: Format = "auto", speed: Speed = "max",
+           node: str | None = None, tz: tzinfo | None = None, batch_size: int = 100,
+           on_problem: Callable[[Problem], None] | None = None, on_bytes: Callable[[int], None] | None = None,
+           sleep: Callable[[float], None] = time.sleep, monotonic: Callable[[], float] = time.monotonic,
+           producer: Sender | None = None) -> ReplayResult:
+    """Publish ``paths`` and return what was read and sent; raises ``DeliveryError`` if Kafka refused messages."""
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    tz = tz or ZoneInfo("UTC")
+    topics = Topics(settings.topic_prefix)
+    producer = producer or SampleProducer(settings)
+    batcher = _Batcher(producer, topics, batch_size)
+    summaries: list[FileSummary] = []
+    streams: list[Iterator[tuple[int, int, int, Item]]] = []
+    handles = []
+    for i, path in enumerate(paths):
+        kind = detect_format(path) if fmt == "auto" else fmt
+        summary = FileSummary(str(path), kind, node or path.stem)
+        summaries.append(summary)
+        try:
+            handle = path.open("rb")
+        except OSError as exc:
+            summary.error = f"{path}: cannot open: {exc.strerror or exc}"
+            continue
+        handles.append(handle)
+        lines = _lines(handle, on_bytes)
+        items = _csv_items(path, lines, tz, summary) if kind == "nvsmi-csv" else _jsonl_items(path, lines, node,
+                                                                                            summary)
+        streams.append(_numbered(items, i))
+    t0 = monotonic()
+    start_ts: int | None = None
+    shown: Counter[str] = Counter()
+    try:
+        for ts, i, _, item in heapq.merge(*streams, key=lambda x: x[:3]):
+            if isinstance(item, Problem):
+                shown[item.source] += 1
+                if on_problem is not None and shown[item.source] <= _SHOWN_PROBLEMS:
+                    on_problem(item)
+                continue
+            if speed == "recorded" and ts:  # 0: no UTC time seen yet in its file, nothing to pace by
+                start_ts = ts if start_ts is None else start_ts
+                wait = (ts - start_ts) / 1e9 - (monotonic() - t0)
+                if wait > 0:
+                    batcher.flush()  # what was due goes out before the pause
+                    sleep(wait)
+            if isinstance(item, GpuRow):
+                batcher.add(summaries[i].node, item)
+            else:
+                producer.send(topics.prefix + item.topic, item.value, item.key)
+                batcher.messages += 1
+        batcher.flush()
+        producer.flush()
+    finally:
+        for handle in handles:
+            handle.close()
+    for s in summaries:
+        hidden = shown[s.path] - _SHOWN_PROBLEMS
+        if hidden > 0 and on_problem is not None:
+            on_problem(Problem(s.path, s.lines, f"{hidden} more problems not shown (counted in the summary)"))
+    return ReplayResult(summaries, batcher.messages, monotonic() - t0)
+
+
+def _numbered(items: Iterator[tuple[int, Item]], file_index: int) -> Iterator[tuple[int, int, int, Item]]:
+    """Merge keys: event time, then file, then position in the file (items never compare)."""
+    for seq, (ts, item) in enumerate(items):
+        yield ts, file_index, seq, item
+
+
+def _lines(handle: Any, on_bytes: Callable[[int], None] | None) -> Iterator[str]:
+    for raw in handle:
+        if on_bytes is not None:
+            on_bytes(len(raw))
+        yield raw.decode("utf-8", "replace")
+
+
+def _zone(ctx: click.Context, param: click.Parameter, value: str) -> tzinfo:
+    try:
+        return ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise click.BadParameter(f"{value!r} is not an IANA time zone (e.g. UTC, Europe/Berlin)") from None
+
+
+@click.command("replay")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["auto", "jsonl", "nvsmi-csv"]), default="auto",
+              show_default=True, help="auto: .csv is nvidia-smi CSV, .jsonl/.ndjson/.json JSON lines, "
+                                      "otherwise a first line starting with '{' is JSON lines.")
+@click.option("--speed", type=click.Choice(["recorded", "max"]), default="max", show_default=True,
+              help="recorded: keep the recorded spacing between rows; max: as fast as Kafka takes it.")
+@click.option("--node", default=None, help="Node name (the Kafka key) [default: each file's name without "
+                                          "extension, e.g. node-07.csv -> node-07].")
+@click.option("--tz", "tz", default="UTC", show_default=True, callback=_zone,
+              help="IANA zone of nvidia-smi's local-time timestamps (the recording host's zone).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Samples per message (1 = single-sample form).")
+@click.pass_context
+def replay_command(ctx: click.Context, files: tuple[Path, ...], fmt: Format, speed: Speed, node: str | None,
+                   tz: tzinfo, batch_size: int) -> None:
+    """Publish recorded telemetry (nvidia-smi CSV or JSON lines) to the sensor topics."""
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from agents.kafka.admin import ensure_topics
+
+    settings: Settings = ctx.obj
+    ensure_topics(settings)
+    console = Console(stderr=True, soft_wrap=True)  # file:line messages stay one line each, for grep
+    total = sum(p.stat().st_size for p in files if p.is_file())
+    with Progress(TextColumn("replay"), BarColumn(), DownloadColumn(), TimeRemainingColumn(), console=console,
+                  transient=True) as bar:
+        task = bar.add_task("replay", total=total)
+        pending = [0]
+
+        def on_bytes(n: int) -> None:  # the bar redraws a few times a second; add up between updates
+            pending[0] += n
+            if pending[0] >= 1 << 16:
+                bar.advance(task, pending[0])
+                pending[0] = 0
+
+        try:
+            result = replay(settings, list(files), fmt, speed, node, tz, batch_size,
+                            on_problem=lambda p: console.print(str(p), markup=False, highlight=False),
+                            on_bytes=on_bytes)
+        except DeliveryError as exc:
+            console.print(f"replay: Kafka did not take every message: {exc}", markup=False)
+            sys.exit(1)
+    for f in result.files:
+        if f.error:
+            console.print(f"replay: {f.error}", markup=False)
+        if f.unknown_columns:
+            console.print(f"{f.path}: columns with no catalog sensor, ignored: {', '.join(f.unknown_columns)}",
+                          markup=False)
+    d = result.as_dict()
+    console.print(f"replay: {d['rows']} rows, {d['samples']} samples, {d['messages']} messages in "
+                  f"{d['seconds']} s; {d['malformed_lines']} malformed lines skipped; skipped cells: "
+                  f"{d['skipped_cells'] or 'none'}", markup=False, highlight=False)
+    click.echo(orjson.dumps(d).decode())
+    if not result.ok:
+        sys.exit(1)

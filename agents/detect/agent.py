@@ -1,0 +1,270 @@
+"""The detection agent: ``flopwatch.frames`` -> ``streams.detect.detectors`` -> ``flopwatch.alerts`` + ``detections``.
+
+How it steps around Faust's known traps:
+
+- ``concurrency=1`` (faust-streaming#606: with more, a commit can pass a message still in
+  flight). Parallelism comes from partitions: more workers in the group, each with its
+  own partitions of the node-keyed frames topic.
+- No tables at all: changelog recovery can hang (#651, #597, #596, #432), tables cannot be
+  written inside ``take()`` (#497) and windowed tables expire on wall time (#250). The
+  detectors are plain objects, one ``streams.detect.detectors.Detectors`` per partition, and when
+  a partition's first message arrives after an assignment, its state is rebuilt by
+  replaying that partition's frames of the last ``replay_s`` seconds (event time: frames
+  carry their tick as the Kafka timestamp) up to that message, with the alerts those
+  replayed frames cause dropped: they were sent before the crash, since Faust flushes its
+  producer before it commits an offset.
+- No exactly-once mode (#323, #502). Every alert has a deterministic id, and a rebuild
+  also reads which alert messages the alerts topic already holds (the last ten minutes),
+  so the frames re-processed after a crash do not send them again. What is left is a
+  crash between an alert's send and its acknowledgement; a consumer that acts once per
+  ``message_id`` is safe even then, and ``detections`` (ReplacingMergeTree on id, state)
+  keeps one row per message.
+- Bytes in, our own decoding: a frame that does not decode goes to the dead-letter topic
+  and the agent goes on (Faust's own decode path acks and then crashes the agent, #175).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import faust
+import orjson
+
+from agents.runtime.backoff import with_backoff
+from agents.runtime.partition_agent import FrameHistory, Rejects, dead_letter, declare, read_history
+from schemas.alerts import Alert, alert_key, encode_alert
+from schemas.frame_messages import FrameDecodeError, FrameMessage, decode_frame_message
+from schemas.records import Reject, RejectReason
+from schemas.workload_samples import WorkloadSample, encode_workload_sample
+from streams.detect.detectors import Detectors, DetectParams
+from streams.detect.workload_tap import WorkloadTap
+
+log = logging.getLogger(__name__)
+
+
+class AlertSink(Protocol):
+    async def send(self, alerts: Sequence[Alert]) -> None: ...
+
+
+class SummarySink(Protocol):
+    """Where each frame's per-workload summaries go (``flopwatch.workloads``, keyed by workload)."""
+
+    async def send(self, samples: Sequence[WorkloadSample], timestamp_ms: int) -> None: ...
+
+
+@dataclass(slots=True)
+class DetectStats:
+    frames: int = 0
+    alerts: int = 0
+    replayed: int = 0  # frames replayed to rebuild state
+    rebuilds: int = 0
+    suppressed: int = 0  # alerts already on the topic before a restart, not sent again
+    rejects: int = 0
+    errors: int = 0
+    firing: int = 0
+    by_rule: dict[str, int] = field(default_factory=dict)
+
+
+class DetectRuntime:
+    """Per-partition detectors, rebuilt on first use after an assignment; shared by the agent and tests."""
+
+    def __init__(self, params: DetectParams, grid_ns: int, history: FrameHistory, sinks: Sequence[AlertSink],
+                 rejects: Rejects | None, topic: str, replay_s: float = 180.0,
+                 summaries: SummarySink | None = None,
+                 link_bytes_s: Callable[[str], float | None] = lambda _model: None) -> None:
+        self.params = params
+        self.grid_ns = grid_ns
+        self.history = history
+        self.sinks = list(sinks)
+        self.rejects = rejects
+        self.topic = topic
+        self.replay_ms = int(replay_s * 1000)
+        self.stats = DetectStats()
+        self.summaries = summaries
+        self.link_bytes_s = link_bytes_s
+        self._by_partition: dict[int, Detectors] = {}
+        self._taps: dict[int, WorkloadTap] = {}
+        # Per partition, message ids already on the alerts topic when its state was rebuilt:
+        # frames past the last commit are processed again, and their alerts must not go twice.
+        self._sent: dict[int, set[str]] = {}
+        self._errors_logged: set[str] = set()
+        self.wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000
+        self.on_frame: Callable[[FrameMessage], None] | None = None  # sees each live frame (the demo's view)
+
+    def revoke(self, partitions: Sequence[int]) -> None:
+        for p in partitions:
+            self._by_partition.pop(p, None)
+            self._taps.pop(p, None)
+            self._sent.pop(p, None)
+
+    async def handle(self, partition: int, offset: int, timestamp_ms: int, key: bytes | None,
+                     value: bytes | None) -> list[Alert]:
+        """One frames message; returns (and has sent) the alerts it caused."""
+        det = self._by_partition.get(partition)
+        if det is None:
+            det = self._by_partition[partition] = await self._rebuild_retrying(partition, offset, timestamp_ms)
+        try:
+            msg = decode_frame_message(value or b"")
+        except FrameDecodeError as exc:
+            self.stats.rejects += 1
+            known = exc.reason in {r.value for r in RejectReason}
+            await self._reject(Reject(RejectReason(exc.reason) if known else RejectReason.WRONG_TYPE,
+                                      f"frames message: {exc}"), key, value, partition, offset)
+            return []
+        if self.on_frame is not None:
+            self.on_frame(msg)
+        try:
+            alerts = det.on_message(msg)
+        except Exception as exc:  # a bug of ours on one message must not stop the agent
+            self.stats.errors += 1
+            what = type(exc).__name__
+            if what not in self._errors_logged:
+                self._errors_logged.add(what)
+                log.error("detector failed on %s[%d]@%d; sent to the dead-letter topic", self.topic, partition,
+                          offset, exc_info=exc)
+            await self._reject(Reject(RejectReason.INTERNAL_ERROR, f"{what}: {exc}"), key, value, partition, offset)
+            return []
+        self.stats.frames += 1
+        sent = self._sent.get(partition)
+        fresh = alerts
+        if sent and alerts:
+            # Messages already on the topic are not sent again; their rows still go to ClickHouse (the
+            # crash may have come between the two sends), where detections collapses repeats.
+            fresh = [a for a in alerts if a.message_id not in sent]
+            self.stats.suppressed += len(alerts) - len(fresh)
+            sent.difference_update(a.message_id for a in alerts)
+        if alerts:
+            for sink in self.sinks:
+                batch = fresh if getattr(sink, "once_per_id", False) else alerts
+                if batch:
+                    await self._send(sink, batch)
+            self.stats.alerts += len(fresh)
+            for a in fresh:
+                self.stats.by_rule[a.rule] = self.stats.by_rule.get(a.rule, 0) + 1
+        alerts = fresh
+        self.stats.firing = sum(d.firing_count for d in self._by_partition.values())  # per frame: no lists
+        if self.summaries is not None:
+            await self._summarise(partition, det, msg)
+        return alerts
+
+    def _tap(self, partition: int) -> WorkloadTap:
+        tap = self._taps.get(partition)
+        if tap is None:
+            tap = self._taps[partition] = WorkloadTap(self.params.spike_thresholds, self.link_bytes_s)
+        return tap
+
+    async def _summarise(self, partition: int, det: Detectors, msg: FrameMessage) -> None:
+        assert self.summaries is not None
+        try:
+            samples = self._tap(partition).summarise(msg, det.drifting(msg.node))
+        except Exception as exc:  # the frame was detected on; a summary bug must not stop the agent
+            self.stats.errors += 1
+            log.error("workload summary failed for %s@%d", msg.node, msg.tick_ns, exc_info=exc)
+            return
+        if samples:
+            sink = self.summaries
+            ok, _ = await with_backoff("workload summaries", lambda: sink.send(samples, msg.tick_ns // 1_000_000),
+                                       self._error)
+            if not ok:
+                log.error("gave up on %d workload summaries of %s@%d", len(samples), msg.node, msg.tick_ns)
+
+    async def _reject(self, reject: Reject, key: bytes | None, value: bytes | None, partition: int,
+                      offset: int) -> None:
+        await dead_letter(self.rejects, reject, key, value, self.topic, partition, offset)
+
+    async def _send(self, sink: AlertSink, alerts: Sequence[Alert]) -> None:
+        """Hand ``alerts`` to one sink, retrying with backoff: the detector already counts them as
+        sent, so giving up would lose them; an exception leaving the agent would too (Faust acks
+        the message in flight when an agent crashes)."""
+        ok, _ = await with_backoff(f"alert sink {type(sink).__name__}", lambda: sink.send(alerts), self._error)
+        if not ok:
+            log.error("alert sink %s gave up on %d alerts: %s", type(sink).__name__, len(alerts),
+                      ", ".join(a.message_id for a in alerts))
+
+    def _error(self) -> None:
+        self.stats.errors += 1
+
+    async def _rebuild_retrying(self, partition: int, offset: int, timestamp_ms: int) -> Detectors:
+        """``_rebuild``, retried while Kafka is unreachable; never raises out of the agent."""
+        ok, det = await with_backoff(f"partition {partition}: rebuilding detector state",
+                                     lambda: self._rebuild(partition, offset, timestamp_ms), self._error)
+        if ok and det is not None:
+            return det
+        # Without history: detect from here on, and say so (alerts of the lost window may repeat).
+        log.error("partition %d: detector state not rebuilt; starting empty", partition)
+        self._sent[partition] = set()
+        return Detectors(self.params, self.grid_ns)
+
+    async def _rebuild(self, partition: int, offset: int, timestamp_ms: int) -> Detectors:
+        det = Detectors(self.params, self.grid_ns)
+        self._sent[partition], replayed = await read_history(self.history, partition, offset, timestamp_ms,
+                                                             self.replay_ms, self.wall_ms())
+        tap = self._taps[partition] = WorkloadTap(self.params.spike_thresholds, self.link_bytes_s)
+        for raw in replayed:
+            try:
+                msg = decode_frame_message(raw)
+                det.on_message(msg)  # alerts dropped: sent before the crash
+                tap.summarise(msg, det.drifting(msg.node))  # summaries too: the tap only learns who held what
+            except Exception:  # counted when it was first read; a replay only rebuilds state
+                continue
+        self.stats.replayed += len(replayed)
+        self.stats.rebuilds += 1
+        if replayed:
+            log.info("partition %d: detector state rebuilt from %d frames", partition, len(replayed))
+        return det
+
+
+class KafkaSummarySink:
+    """Sends workload summaries to ``flopwatch.workloads`` keyed by workload, the tick as the Kafka timestamp."""
+
+    def __init__(self, topic: Any) -> None:
+        self.topic = topic
+
+    async def send(self, samples: Sequence[WorkloadSample], timestamp_ms: int) -> None:
+        for s in samples:
+            await self.topic.send(key=s.key, value=encode_workload_sample(s), timestamp=timestamp_ms / 1000)
+
+
+class KafkaAlertSink:
+    """Sends alerts to ``flopwatch.alerts`` through the Faust app's producer, keyed by alert id."""
+
+    once_per_id = True  # the runtime leaves out messages the topic already holds
+
+    def __init__(self, topic: Any) -> None:
+        self.topic = topic
+
+    async def send(self, alerts: Sequence[Alert]) -> None:
+        for a in alerts:
+            await self.topic.send(key=alert_key(a), value=encode_alert(a))
+
+
+class ClickHouseDetections:
+    """Writes detections through a callable that runs a function on the worker's ClickHouse thread."""
+
+    def __init__(self, run: Callable[[Callable[[Any], None]], Awaitable[None]]) -> None:
+        self._run = run
+
+    async def send(self, alerts: Sequence[Alert]) -> None:
+        cols = detection_columns(alerts)
+        await self._run(lambda backend: backend.insert("detections", cols))
+
+
+def detection_columns(alerts: Sequence[Alert]) -> dict[str, list[Any]]:
+    return {
+        "ts": [a.ts_ns // 1_000_000 for a in alerts], "onset_ts": [a.onset_ts_ns // 1_000_000 for a in alerts],
+        "id": [a.id for a in alerts], "state": [a.state for a in alerts], "rule": [a.rule for a in alerts],
+        "severity": [a.severity for a in alerts], "node": [a.node for a in alerts], "gpu": [a.gpu for a in alerts],
+        "workload": [a.workload or "" for a in alerts], "namespace": [a.namespace or "" for a in alerts],
+        "value": [a.value for a in alerts], "threshold": [a.threshold for a in alerts],
+        "baseline": [a.baseline for a in alerts],
+        "evidence": [orjson.dumps(dict(a.evidence), option=orjson.OPT_SORT_KEYS).decode() for a in alerts]}
+
+
+def install(app: faust.App, runtime: DetectRuntime, frames_topic: Any) -> Any:
+    """Declare the agent on ``app``; returns it (tests drive it with ``agent.test_context()``)."""
+    return declare(app, frames_topic, "flopwatch.detect", runtime.handle, runtime.topic, runtime.revoke)
+

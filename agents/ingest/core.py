@@ -1,0 +1,309 @@
+"""The work the ingest does on a poll, apart from Kafka: plain records in, frames and rejects out.
+
+``IngestCore`` decodes and validates records, keeps the clock domains, aligns samples
+into grid cells and hands closed frames to the frame store and refused records to the
+dead-letter sink. It never talks to Kafka itself: the shell (``agents.ingest.worker``) feeds it
+the polls, tells it which partitions it owns and how long each sensor partition has been
+quiet, and asks it where commits may go. So it runs the same under a unit test, a
+benchmark replaying recorded polls, and the worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeAlias
+
+from aiokafka import ConsumerRecord, TopicPartition
+
+from agents.ingest.clocks import ClockDomains
+from agents.ingest.commits import commit_offsets
+from agents.ingest.enrich import Enricher, TappedAligner
+from agents.kafka.topics import Topics
+from agents.runtime.timebase import SYSTEM_CLOCK, Clock
+from agents.settings import Settings
+from agents.sinks.store import FrameStore, Progress
+from schemas.catalog import CATALOG
+from schemas.codec import TimeLimits, decode_beacon, decode_k8s_event, decode_samples
+from schemas.records import UTC_CLOCK, Reject, RejectReason
+from streams.align.aggregate import FrameBatch
+from streams.align.aligner import GridAligner, LateSamples, Recovered
+from streams.align.clock import ClockParams
+from streams.formats.pod_labels import PodLabelBook
+
+log = logging.getLogger("agents.ingest.worker")
+Record: TypeAlias = "ConsumerRecord[bytes, bytes]"
+Poll: TypeAlias = "Mapping[TopicPartition, Sequence[Record]]"
+_SENSOR, _EVENTS, _CLOCK = 0, 1, 2
+
+
+class RejectSink(Protocol):
+    """Where refused records go (``agents.sinks.deadletter.DeadLetter``); counts by reason."""
+
+    counts: Counter[str]
+
+    def send(self, reject: Reject, value: bytes | None, key: bytes | None, topic: str, partition: int, offset: int,
+             headers: Any = (), indices: list[int] | None = None) -> None: ...
+
+
+@dataclass(slots=True)
+class IngestStats:
+    """Running totals, for progress display and the benchmark."""
+
+    messages: int = 0
+    samples: int = 0
+    frames_written: int = 0
+    frames_published: int = 0  # messages (one per node and tick) acknowledged on flopwatch.frames
+    events_written: int = 0
+    beacons: int = 0
+    replayed_dropped: int = 0
+    commits_refused: int = 0  # commits Kafka turned down because the group had rebalanced
+    commits_failed: int = 0  # commits that timed out (Kafka unreachable); a later flush commits again
+    internal_errors: int = 0  # records that tripped a bug of ours (dead-lettered as internal_error)
+    rejects: Counter[str] = field(default_factory=Counter)
+    lag: int | None = None  # records behind the end of the assigned partitions; None: not known yet
+    flushes: int = 0
+    open_cells: int = 0
+    held: int = 0  # clock-domain sample messages waiting for a beacon
+    late: Counter[str] = field(default_factory=Counter)  # late samples by "node/sensor"
+    first_record_ns: int = 0  # monotonic; for throughput figures
+    detect: dict[str, Any] = field(default_factory=dict)  # the detection agent's figures, when one runs beside
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"messages": self.messages, "samples": self.samples, "frames_written": self.frames_written,
+                "frames_published": self.frames_published,
+                "events_written": self.events_written, "beacons": self.beacons,
+                "replayed_dropped": self.replayed_dropped, "commits_refused": self.commits_refused,
+                "commits_failed": self.commits_failed, "internal_errors": self.internal_errors,
+                "rejects": dict(self.rejects), "lag": self.lag,
+                "flushes": self.flushes, "open_cells": self.open_cells, "held": self.held,
+                "late": dict(self.late), **({"detect": dict(self.detect)} if self.detect else {})}
+
+
+class IngestCore:
+    """One worker's processing state over the partitions it owns."""
+
+    def __init__(self, settings: Settings, store: FrameStore, dlq: RejectSink, clock: Clock = SYSTEM_CLOCK,
+                 enricher: Enricher | None = None) -> None:
+        self.settings = settings
+        self.enricher = enricher
+        self.topics = Topics(settings.topic_prefix)
+        self.stats = IngestStats()
+        self.pods = PodLabelBook()
+        self.store = store
+        self._dlq = dlq
+        self._clock = clock
+        self._route: dict[str, tuple[int, int]] = {t: (_SENSOR, i) for i, t in enumerate(self.topics.sensors)}
+        self.sensor_topics = frozenset(self._route)
+        self._sensor_index = {t: i for i, t in enumerate(self.topics.sensors)}
+        self._route[self.topics.k8s_events] = (_EVENTS, -1)
+        self._route[self.topics.clock_sync] = (_CLOCK, -1)
+        self._aligners: dict[int, GridAligner] = {}
+        # Records handed to an aligner since its last advance, by (partition, topic index, offset):
+        # a late verdict comes back from advance() and needs the original bytes.
+        self._waiting: dict[int, dict[tuple[int, int], Record]] = {}
+        self._clocks = ClockDomains(ClockParams(), settings.clock_wait_s, clock.mono_ns)
+        self._progress = Progress(Recovered())
+        self._errors_logged: set[str] = set()
+        self.dirty = False  # records handled since the last commit point was taken
+        # Sees each batch of closed frames as it closes (the shell publishes them at once).
+        self.on_frames: Callable[[FrameBatch], None] | None = None
+
+    # -- partitions ----------------------------------------------------------------------
+    def assign(self, assigned: Iterable[TopicPartition], progress: Progress) -> None:
+        """Own these partitions, starting from what ClickHouse says was done (``progress``)."""
+        assigned = list(assigned)
+        self._progress = progress
+        for ev in progress.pods:
+            self.pods.on_event(ev)
+        params = self.settings.align_params()
+        for p in sorted({tp.partition for tp in assigned} - set(self._aligners)):
+            aligner = self._aligners[p] = (GridAligner(params, progress.recovered) if self.enricher is None
+                                           else TappedAligner(params, progress.recovered, self.enricher))
+            # Every sensor topic of the partition holds it until it delivers or counts as idle.
+            aligner.expect(sorted(self._route[tp.topic][1] for tp in assigned
+                                  if tp.partition == p and tp.topic in self.sensor_topics))
+
+    def revoke(self, partitions: Iterable[int]) -> None:
+        for p in set(partitions):
+            self._aligners.pop(p, None)
+            self._clocks.drop(p)
+            self._waiting.pop(p, None)
+
+    def owns(self, partition: int) -> bool:
+        return partition in self._aligners
+
+    # -- a poll --------------------------------------------------------------------------
+    def handle(self, poll: Poll) -> dict[TopicPartition, int]:
+        """Take one poll's records; returns, per partition handled, the offset of its last record."""
+        stats, dlq = self.stats, self._dlq
+        s = self.settings
+        limits = TimeLimits(self._clock.wall_ns(), int(s.max_age_s * 1e9), int(s.max_future_s * 1e9))
+        read: dict[TopicPartition, int] = {}
+        # Beacons first: a domain sample whose beacon came in the same poll is placed at once; pod
+        # records next, so the samples of the same poll get their workload labels.
+        for tp, records in sorted(poll.items(), key=lambda item: (item[0].topic != self.topics.clock_sync,
+                                                                  item[0].topic != self.topics.k8s_events)):
+            aligner = self._aligners.get(tp.partition)
+            if aligner is None or not records:
+                continue  # revoked while this poll was in flight: the new owner reads it
+            kind, si = self._route[tp.topic]
+            stats.messages += len(records)
+            if kind == _SENSOR:
+                name = CATALOG[si].name
+                waiting = self._waiting.setdefault(tp.partition, {})
+                clocks = self._clocks
+                pods = self.pods
+                for rec in records:
+                    try:  # zero cost unless it raises (3.11)
+                        res = decode_samples(rec.value or b"", name, limits)
+                        if isinstance(res, Reject):
+                            dlq.send(res, rec.value, rec.key, tp.topic, tp.partition, rec.offset, rec.headers)
+                            continue
+                        if pods.has(res.node):  # the Kubernetes collector knows its pods' workloads
+                            given = res.labels or {}
+                            filled = pods.fill(res.node, res.gpu, given)
+                            if filled is not given:
+                                res = dataclasses.replace(res, labels=filled)
+                        if res.clock != UTC_CLOCK:  # placed with a beacon read after it, or held for one
+                            clocks.offer(tp.partition, aligner, waiting, rec, res, si)
+                        else:
+                            aligner.add(res.node, res.gpu, si, res.ts_ns, res.value, res.labels, si, rec.offset)
+                            waiting[(si, rec.offset)] = rec
+                        stats.samples += len(res.ts_ns)
+                    except Exception as exc:
+                        self._internal_error(exc, rec, tp)
+            elif kind == _EVENTS:
+                done = self._progress.events_done.get((tp.topic, tp.partition), -1)
+                for rec in records:
+                    try:
+                        ev = decode_k8s_event(rec.value or b"")
+                        if isinstance(ev, Reject):
+                            dlq.send(ev, rec.value, rec.key, tp.topic, tp.partition, rec.offset, rec.headers)
+                            continue
+                        self.pods.on_event(ev)  # replayed ones too: the labels hold until a newer record
+                        if rec.offset > done:
+                            self.store.add_event(ev, tp.topic, tp.partition, rec.offset)
+                    except Exception as exc:
+                        self._internal_error(exc, rec, tp)
+            else:
+                for rec in records:
+                    try:
+                        beacon = decode_beacon(rec.value or b"")
+                        if isinstance(beacon, Reject):
+                            dlq.send(beacon, rec.value, rec.key, tp.topic, tp.partition, rec.offset, rec.headers)
+                        else:
+                            stats.beacons += 1
+                            self._clocks.beacon(tp.partition, beacon, rec.offset)
+                    except Exception as exc:
+                        self._internal_error(exc, rec, tp)
+            read[tp] = records[-1].offset
+        stats.rejects = dlq.counts
+        self.dirty = True
+        return read
+
+    def _internal_error(self, exc: Exception, rec: Record, tp: TopicPartition) -> None:
+        """A record that tripped a bug of ours: dead-lettered with the exception, the worker goes on
+        (a crash would replay it forever, since the commit stays behind it)."""
+        what = type(exc).__name__
+        self.stats.internal_errors += 1
+        if what not in self._errors_logged:  # the traceback once per kind, not once per record
+            self._errors_logged.add(what)
+            log.error("internal error on %s[%d]@%d, sent to the dead-letter topic (further %s errors are only "
+                      "counted)", tp.topic, tp.partition, rec.offset, what, exc_info=exc)
+        self._dlq.send(Reject(RejectReason.INTERNAL_ERROR, f"{what}: {exc}"), rec.value, rec.key, tp.topic,
+                       tp.partition, rec.offset, rec.headers)
+
+    def advance(self, quiet: Mapping[TopicPartition, int]) -> None:
+        """Close what the watermarks allow; ``quiet`` is each sensor partition's quiet clock (ns)."""
+        now = self._clock.wall_ns()
+        hold = self._place_held()
+        self.dead_letter_expired()
+        by_part: dict[int, dict[int, int]] = {}
+        for tp, q in quiet.items():
+            by_part.setdefault(tp.partition, {})[self._route[tp.topic][1]] = q
+        for p, aligner in self._aligners.items():
+            adv = aligner.advance(now, hold.get(p), by_part.get(p, {}))
+            self._add_frames(adv.frames)
+            for late in adv.late:
+                self._late(p, late)
+            self._waiting.pop(p, None)
+
+    def drain(self) -> None:
+        """Close every open cell: the input is bounded and has been read completely."""
+        self._place_held()
+        self.dead_letter_expired()
+        for p, aligner in self._aligners.items():
+            adv = aligner.flush_all()
+            self._add_frames(adv.frames)
+            for late in adv.late:
+                self._late(p, late)
+
+    def _add_frames(self, batch: FrameBatch) -> None:
+        if self.enricher is not None and len(batch):
+            try:
+                self.enricher.enrich(batch)
+            except Exception as exc:
+                # The frames are stored all the same, with NULL derived columns: a bug in
+                # the derivation must not lose measurements.
+                self.stats.internal_errors += 1
+                if "enrich" not in self._errors_logged:
+                    self._errors_logged.add("enrich")
+                    log.error("deriving frame columns failed; frames are stored without them", exc_info=exc)
+        self.store.add_frames(batch)
+        if self.on_frames is not None and len(batch):
+            self.on_frames(batch)
+
+    def _place_held(self) -> dict[int, int]:
+        hold = self._clocks.place_held(self._aligners, self._waiting)
+        self.stats.held = self._clocks.held
+        return hold
+
+    def dead_letter_expired(self) -> None:
+        """Send domain samples that waited too long for a beacon to the dead-letter topic."""
+        expired, self._clocks.expired = self._clocks.expired, []
+        for partition, h, why in expired:
+            b = h.batch
+            self._dlq.send(Reject(RejectReason.NO_CLOCK, f"no clock.sync beacon of {b.clock!r} on {b.node} after "
+                                  f"these samples: {why}"), h.rec.value, h.rec.key, self.topics.sensor(h.sensor),
+                           partition, h.rec.offset, h.rec.headers)
+        if expired:
+            self.stats.rejects = self._dlq.counts
+
+    def _late(self, partition: int, late: LateSamples) -> None:
+        assert isinstance(late.source, int)
+        si = late.source
+        rec = self._waiting[partition][(si, late.position)]
+        topic = self.topics.sensor(si)
+        if late.position < self._progress.consumed.get((topic, partition), -1):
+            self.stats.replayed_dropped += len(late.indices)  # already in a written frame
+            return
+        node = rec.key.decode(errors="replace") if rec.key else "?"
+        self.stats.late[f"{node}/{CATALOG[si].name}"] += len(late.indices)
+        if late.why == "disorder":
+            why = (f"they are older than their series' newest sample by more than the allowed lateness "
+                   f"({self.settings.lateness_ms} ms)")
+        else:
+            why = (f"they arrived after their topic or series had fallen behind and been quiet for "
+                   f"{self.settings.source_idle_s:g} s (FLOPWATCH_SOURCE_IDLE_S) while the others moved on")
+        detail = f"{len(late.indices)} of {late.total} samples fall in grid cells already written: {why}"
+        self._dlq.send(Reject(RejectReason.LATE, detail), rec.value, rec.key, topic, partition, late.position,
+                       rec.headers, indices=late.indices if late.total > 1 else None)
+        self.stats.rejects = self._dlq.counts
+
+    # -- what a flush needs --------------------------------------------------------------
+    def commit_points(self, read: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """Per partition, how far a commit may go once what is closed so far is written."""
+        oldest = {p: a.oldest_positions() for p, a in self._aligners.items()}
+        return commit_offsets(read, sensor_index=self._sensor_index, clock_topic=self.topics.clock_sync,
+                              open_oldest=oldest, held_oldest=self._clocks.oldest_held(),
+                              beacon_pins=self._clocks.pins(oldest))
+
+    def closed_ticks(self) -> dict[str, int]:
+        return {n: t for a in self._aligners.values() for n, t in a.closed_ticks().items()}
+
+    def open_cells(self) -> int:
+        return sum(a.open_cells() for a in self._aligners.values())

@@ -1,0 +1,108 @@
+"""Fills a closed batch's derived columns before it is stored and published.
+
+Two sources: ``streams.efficiency.derive`` (efficiency and cost, from the price book the user edits)
+and the L1 spike engine, which has to see the raw sub-second samples, so the aligner
+taps them on their way in (``TappedAligner``), after the same clock correction the
+aligner applies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Final
+
+import numpy as np
+
+from agents.ingest.pricebook_file import PriceBookFile
+from schemas.catalog import BY_NAME
+from schemas.gpus import peak_tflops
+from schemas.pricebook import PriceBook
+from schemas.records import Labels
+from streams.align.aggregate import FrameBatch
+from streams.align.aligner import GridAligner, Recovered
+from streams.align.correction import Correction, to_utc
+from streams.align.grid import AlignParams
+from streams.detect.spikes import SpikeEngine, SpikeParams
+from streams.efficiency.derive import IdleParams, derive
+
+EVICT_SLACK_NS: Final = 600_000_000_000
+SPIKE_SENSORS: Final = {BY_NAME["gpu_util"].index: "gpu_util", BY_NAME["sm_active"].index: "sm_active"}
+
+
+class BookPricing:
+    """``streams.efficiency.derive.Pricing`` over a price book (its custom GPUs first, then the shipped specs)."""
+
+    def __init__(self, book: PriceBook) -> None:
+        self.book = book
+
+    def knows(self, gpu_model: str) -> bool:
+        return self.book.spec(gpu_model) is not None
+
+    def peak_tflops(self, gpu_model: str, precision: str) -> float | None:
+        spec = self.book.spec(gpu_model)
+        return None if spec is None else peak_tflops(spec, precision)
+
+    def hourly_usd(self, gpu_model: str, region: str | None) -> float | None:
+        usd: float | None = self.book.hourly_usd(gpu_model, region)
+        return usd
+
+
+class Enricher:
+    """Derived columns for the frames of one worker; ``tap`` sees the spike sensors' samples."""
+
+    def __init__(self, prices: PriceBookFile, grid_ns: int, idle: IdleParams | None = None,
+                 spikes: SpikeParams | None = None) -> None:
+        spikes = spikes or SpikeParams()
+        self.prices = prices
+        self.grid_ns = grid_ns
+        self.idle = idle or IdleParams()
+        self.spikes = SpikeEngine(spikes, grid_ns)
+        self._pricing: BookPricing | None = None
+
+    def tap(self, node: str, gpu: str, sensor_index: int, ts_ns: Sequence[int], values: Sequence[float],
+            correction: Correction | None) -> None:
+        name = SPIKE_SENSORS.get(sensor_index)
+        if name is None or not len(ts_ns):
+            return
+        ts = np.asarray(ts_ns, np.int64)
+        if correction is not None:
+            ts, _ = to_utc(ts, np.array([len(ts)], np.int64), [(0, correction)])
+        self.spikes.add(node, gpu, name, ts, np.asarray(values, np.float64))
+
+    def enrich(self, batch: FrameBatch) -> FrameBatch:
+        if not len(batch):
+            return batch
+        book = self.prices.current()  # re-reads an edited file (at most once a second)
+        if self._pricing is None or self._pricing.book is not book:
+            self._pricing = BookPricing(book)
+        ticks = batch.tick_ns.tolist()
+        peaks = {}
+        for name in SPIKE_SENSORS.values():
+            col = np.full(len(batch), np.nan)
+            for i, (node, gpu, tick) in enumerate(zip(batch.node, batch.gpu, ticks, strict=True)):
+                got = self.spikes.tick_peak(node, gpu, name, tick)
+                if got is not None:
+                    col[i] = got
+                    self.spikes.release(node, gpu, name, tick)  # a node's ticks close in order
+            peaks[f"{name}_p99"] = col
+        d = derive(batch, self._pricing, self.grid_ns, self.idle, peaks)
+        batch.derived, batch.notes = d.columns, d.notes
+        # Ticks release their series as they close; this drops series of nodes that went away.
+        # The slack spares nodes whose ticks close later than this batch's (held, lagging).
+        self.spikes.evict_before(int(batch.tick_ns.min()) - EVICT_SLACK_NS)
+        return batch
+
+
+class TappedAligner(GridAligner):
+    """A grid aligner that also shows the spike sensors' samples to the enricher."""
+
+    def __init__(self, params: AlignParams, recovered: Recovered, enricher: Enricher) -> None:
+        super().__init__(params, recovered)
+        self._enricher = enricher
+
+    def add(self, node: str, gpu: str, sensor_index: int, ts_ns: Sequence[int], values: Sequence[float],
+            labels: Labels | None = None, source: Hashable = None, position: int = 0,
+            correction: Correction | None = None) -> None:
+        super().add(node, gpu, sensor_index, ts_ns, values, labels, source, position, correction)
+        if sensor_index in SPIKE_SENSORS:
+            self._enricher.tap(node, gpu, sensor_index, ts_ns, values, correction)

@@ -1,0 +1,51 @@
+"""Creating and checking topics: every input topic must share one partition count."""
+
+from __future__ import annotations
+
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from agents.kafka.topics import Topics, confluent_config
+from agents.settings import Settings
+
+
+class TopicLayoutError(RuntimeError):
+    """Existing topics disagree with the configured partition count."""
+
+
+def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> list[str]:
+    """Create missing topics; fail loudly if existing ones break co-partitioning."""
+    topics = Topics(settings.topic_prefix)
+    admin = AdminClient(confluent_config(settings))
+    meta = admin.list_topics(timeout=timeout_s)
+    missing = [t for t in topics.all if t not in meta.topics]
+    if missing:
+        futures = admin.create_topics(
+            [NewTopic(t, num_partitions=settings.partitions, replication_factor=settings.replication) for t in missing],
+            operation_timeout=timeout_s,
+        )
+        for _name, fut in futures.items():
+            try:
+                fut.result(timeout_s)
+            except Exception as exc:  # a concurrent worker may have created it first
+                if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                    raise
+        meta = admin.list_topics(timeout=timeout_s)
+    wrong = {t: len(meta.topics[t].partitions) for t in topics.inputs
+             if t in meta.topics and len(meta.topics[t].partitions) != settings.partitions}
+    if wrong:
+        detail = ", ".join(f"{t}={n}" for t, n in sorted(wrong.items()))
+        raise TopicLayoutError(
+            f"input topics must all have {settings.partitions} partitions so one worker sees every stream "
+            f"of a node; found {detail}. Set FLOPWATCH_PARTITIONS or repartition the topics.")
+    return missing
+
+
+def delete_topics(settings: Settings, timeout_s: float = 30.0) -> None:
+    admin = AdminClient(confluent_config(settings))
+    futures = admin.delete_topics(Topics(settings.topic_prefix).all, operation_timeout=timeout_s)
+    for fut in futures.values():
+        try:
+            fut.result(timeout_s)
+        except Exception as exc:
+            if "UNKNOWN_TOPIC" not in str(exc):
+                raise

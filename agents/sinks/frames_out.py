@@ -1,0 +1,82 @@
+"""Publishes closed frames to ``flopwatch.frames`` (contract: ``schemas.frame_messages``).
+
+Frames are sent the moment their tick closes (``publish``: queued in librdkafka, no
+wait), so the detection agent sees them without waiting for the next ClickHouse flush.
+The writer then waits for Kafka's acknowledgement of everything sent (``flush``) before
+it writes the flush's frames to ClickHouse and commits the input offsets. That order
+keeps the topic complete: a crash after the publish and before the ClickHouse write
+replays the samples and publishes the same messages again (same ids: consumers
+deduplicate), while the other order could lose frames for good, because a replay never
+rebuilds ticks that ClickHouse already holds.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import orjson
+
+from agents.kafka.producer import SampleProducer
+from schemas.frame_messages import FRAME_VERSION, frame_id, message_id
+from schemas.frames import DERIVED_COLUMNS, VALUE_COLUMNS
+from streams.align.aggregate import FrameBatch
+
+
+def encode_batch(batch: FrameBatch, grid_ns: int) -> Iterator[tuple[str, int, bytes]]:
+    """(node, tick_ns, message) per node and tick of ``batch``, in the bytes ``encode_frame_message``
+    gives (a test holds them equal); built from the columns directly, because this runs per flush.
+    Labels go as they are: the codec kept only known label keys."""
+    n = len(batch)
+    if not n:
+        return
+    vals = {c: batch.values[c].tolist() for c in VALUE_COLUMNS}
+    der = {c: (batch.derived[c].tolist() if c in batch.derived else [None] * n) for c in DERIVED_COLUMNS}
+    notes = batch.notes or [""] * n
+    unc = (batch.clock_uncertainty_ns / 1000.0).tolist()
+    ticks = batch.tick_ns.tolist()
+    groups: dict[tuple[str, int], list[dict[str, object]]] = {}
+    for i in range(n):
+        node, gpu, tick = batch.node[i], batch.gpu[i], ticks[i]
+        values = {c: v[i] for c, v in vals.items() if v[i] == v[i]}  # NaN != NaN: an empty cell
+        derived = {c: (None if d[i] is None or d[i] != d[i] else d[i]) for c, d in der.items()}
+        groups.setdefault((node, tick), []).append({
+            "gpu": gpu, "id": frame_id(node, gpu, tick), "labels": batch.labels[i], "values": values,
+            "derived": derived, "note": notes[i], "clock_uncertainty_us": unc[i]})
+    for (node, tick), gpus in groups.items():
+        doc = {"v": FRAME_VERSION, "id": message_id(node, tick), "node": node, "tick_ns": tick, "grid_ns": grid_ns,
+               "gpus": gpus}
+        yield node, tick, orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
+
+
+class FramePublisher:
+    """Sends frames keyed by node with the tick as the Kafka timestamp; ``flush`` raises on any failure."""
+
+    def __init__(self, producer: SampleProducer, topic: str, grid_ns: int) -> None:
+        self._producer = producer
+        self.topic = topic
+        self.grid_ns = grid_ns
+        self.published = 0  # acknowledged
+        self._queued = 0
+        self._count_lock = threading.Lock()
+
+    def publish(self, batch: FrameBatch) -> None:
+        """Queue ``batch``'s messages (returns at once; ``flush`` waits for them)."""
+        for node, tick, value in encode_batch(batch, self.grid_ns):
+            self._producer.send(self.topic, value, node, timestamp_ms=tick // 1_000_000)
+            with self._count_lock:  # publish runs on the event loop, flush on the writer thread
+                self._queued += 1
+        # No poll() here: delivery callbacks are served by flush() on the writer thread only, so
+        # the producer's failure count is never updated from two threads at once.
+
+    def flush(self) -> None:
+        """Wait until Kafka acknowledged every message queued so far; raises if any failed."""
+        queued = self._queued  # the loop thread may queue more meanwhile; those count next time
+        if queued:
+            self._producer.flush()
+            with self._count_lock:
+                self.published += queued
+                self._queued -= queued
+
+    def close(self) -> None:
+        self._producer.close()

@@ -1,0 +1,164 @@
+"""Buffers frames and events as columns and writes them to ClickHouse; recovers progress after a crash."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from agents.sinks.clickhouse import Backend, Columns
+from schemas import ddl
+from schemas.catalog import CATALOG, LABEL_COLUMNS
+from schemas.frames import DERIVED_COLUMNS, NOTE_COLUMN
+from schemas.records import K8sEvent
+from streams.align.aligner import FrameBatch, Recovered
+
+TopicPartition = tuple[str, int]
+_COUNTERS = [(s.index, s.name, s.column("last")) for s in CATALOG if s.kind == "counter"]
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """What ClickHouse says was already done, read when partitions are assigned."""
+
+    recovered: Recovered
+    consumed: dict[TopicPartition, int] = field(default_factory=dict)  # next offset read before the crash
+    events_done: dict[TopicPartition, int] = field(default_factory=dict)  # highest event offset stored
+    pods: list[K8sEvent] = field(default_factory=list)  # each pod's latest PodLabels / PodDeleted record
+
+
+@dataclass(slots=True)
+class Pending:
+    """Rows taken from the buffers, on their way to ClickHouse."""
+
+    batches: list[FrameBatch]
+    events: Columns
+
+
+class FrameStore:
+    """Column buffers for ``gpu_frames`` and ``k8s_events``; ``flush`` writes them and the progress marks."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self._batches: list[FrameBatch] = []
+        self._frame_rows = 0
+        self._events: Columns = {c: [] for c in ddl.EVENT_COLUMNS}
+        self.frames_written = 0
+        self.events_written = 0
+        self._closed_written: dict[str, int] = {}  # node -> newest final tick (ns) recorded
+
+    @property
+    def pending_rows(self) -> int:
+        return self._frame_rows + len(self._events["ts"])
+
+    def add_frames(self, batch: FrameBatch) -> None:
+        if len(batch):
+            self._batches.append(batch)
+            self._frame_rows += len(batch)
+
+    def add_event(self, ev: K8sEvent, topic: str, partition: int, offset: int) -> None:
+        row = (ev.ts_ns, ev.node, ev.type, ev.reason, ev.kind, ev.namespace, ev.pod, ev.workload, list(ev.gpus),
+               ev.message, topic, partition, offset)
+        for col, v in zip(self._events.values(), row, strict=True):
+            col.append(v)
+
+    def detach(self) -> Pending:
+        """Hand over what is buffered (cheap; the main loop goes on filling new buffers)."""
+        pending = Pending(self._batches, self._events)
+        self._batches, self._frame_rows = [], 0
+        self._events = {c: [] for c in ddl.EVENT_COLUMNS}
+        return pending
+
+    def flush(self, consumed: dict[TopicPartition, int], now_ms: int) -> int:
+        return self.write(self.detach(), consumed, now_ms)
+
+    def write(self, pending: Pending, consumed: dict[TopicPartition, int], now_ms: int,
+              closed: dict[str, int] | None = None) -> int:
+        """Write ``pending``; ``consumed`` (next offset read per partition) is recorded first.
+
+        Progress goes before frames on purpose: after a crash between the two, the
+        replay knows those offsets were read and re-adds their samples to cells
+        past the last written tick, which is exact; the other order would dead-letter
+        samples that are already in frames.
+        """
+        written = 0
+        if consumed:
+            tps = sorted(consumed)
+            self.backend.insert("ingest_progress", {
+                "topic": [t for t, _ in tps], "partition": [p for _, p in tps],
+                "offset": [consumed[tp] for tp in tps], "written_at": [now_ms] * len(tps)})
+        token = uuid.uuid4().hex  # one token per batch, reused by the backend's retries
+        if pending.batches:
+            frames = _frame_columns(pending.batches)
+            self.backend.insert("gpu_frames", frames, token=token)
+            n = len(frames["node"])
+            self.frames_written += n
+            written += n
+        if pending.events["ts"]:
+            self.backend.insert("k8s_events", pending.events, token=token + "e")
+            n = len(pending.events["ts"])
+            self.events_written += n
+            written += n
+        # After the frames: a closed tick recorded ahead of its frames would make a replay
+        # drop samples that were never written.
+        moved = {n: t for n, t in (closed or {}).items() if t > self._closed_written.get(n, t - 1)}
+        if moved:
+            nodes = sorted(moved)
+            self.backend.insert("node_progress", {
+                "node": nodes, "closed_tick_ms": [moved[n] // 1_000_000 for n in nodes],
+                "written_at": [now_ms] * len(nodes)})
+            self._closed_written.update(moved)
+        return written
+
+    def recover(self) -> Progress:
+        db = self.backend.database
+        cur = self.backend.layout == "current"
+        ts_ms = "toUnixTimestamp64Milli(max(ts))" if cur else "max(ts)"
+        _, rows = self.backend.rows(f"SELECT node, {ts_ms} FROM {db}.gpu_frames GROUP BY node")
+        boundaries = {str(node): int(ms) * 1_000_000 for node, ms in rows}
+        _, rows = self.backend.rows(f"SELECT node, max(closed_tick_ms) FROM {db}.node_progress GROUP BY node")
+        for node, ms in rows:  # empty ticks closed after the newest written one are final too
+            boundaries[str(node)] = max(boundaries.get(str(node), 0), int(ms) * 1_000_000)
+        last = ", ".join(f"argMax({col}, ts)" for _, _, col in _COUNTERS)
+        _, rows = self.backend.rows(f"SELECT node, gpu, {last} FROM {db}.gpu_frames GROUP BY node, gpu")
+        counters: dict[tuple[str, str, int], float] = {}
+        for node, gpu, *vals in rows:
+            for (si, _, _), v in zip(_COUNTERS, vals, strict=True):
+                if v is not None:
+                    counters[(str(node), str(gpu), si)] = float(v)
+        _, rows = self.backend.rows(f"SELECT topic, partition, max(offset) FROM {db}.ingest_progress "
+                                    "GROUP BY topic, partition")
+        consumed = {(str(t), int(p)): int(o) for t, p, o in rows}
+        _, rows = self.backend.rows(f"SELECT kafka_topic, kafka_partition, max(kafka_offset) FROM {db}.k8s_events "
+                                    "GROUP BY kafka_topic, kafka_partition")
+        events_done = {(str(t), int(p)): int(o) for t, p, o in rows}
+        # The Kubernetes collector says a pod's labels only when they change: a restarted worker
+        # relearns them from what it stored, or long-lived pods would lose their workload.
+        _, rows = self.backend.rows(
+            f"SELECT node, namespace, pod, argMax(reason, ts), argMax(workload, ts), argMax(gpus, ts), "
+            f"argMax(message, ts) FROM {db}.k8s_events WHERE reason IN ('PodLabels', 'PodDeleted') "
+            "GROUP BY node, namespace, pod")
+        pods = [K8sEvent(str(n), 0, "Normal", str(r), "Pod", str(ns), str(pod), str(wl), tuple(map(str, g)), str(m))
+                for n, ns, pod, r, wl, g, m in rows if r == "PodLabels"]
+        return Progress(Recovered(boundaries, counters), consumed, events_done, pods)
+
+
+def _frame_columns(batches: list[FrameBatch]) -> Columns:
+    cols: Columns = {"ts": np.concatenate([b.tick_ns for b in batches]) // 1_000_000,
+                     "node": [n for b in batches for n in b.node], "gpu": [g for b in batches for g in b.gpu]}
+    labels = [lab for b in batches for lab in b.labels]
+    for key, col in LABEL_COLUMNS.items():
+        default = None if col in ddl.INT_LABEL_COLS else ""
+        cols[col] = [lab.get(key, default) for lab in labels]
+    for c in ddl.VALUE_COLS:
+        cols[c] = np.concatenate([b.values[c] for b in batches])
+    for c in ddl.COUNT_COLS:
+        cols[c] = np.concatenate([b.counts[c] for b in batches])
+    cols["clock_uncertainty_us"] = np.concatenate([b.clock_uncertainty_ns for b in batches]) / 1000.0
+    for name in DERIVED_COLUMNS:
+        derived = np.concatenate([b.derived.get(name, np.full(len(b), np.nan)) for b in batches])
+        # idle is Nullable(UInt8): 0/1, None where it could not be told.
+        cols[name] = [None if v != v else int(v) for v in derived.tolist()] if name == "idle" else derived
+    cols[NOTE_COLUMN] = [note for b in batches for note in (b.notes or [""] * len(b))]
+    return cols

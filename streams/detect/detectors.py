@@ -1,0 +1,154 @@
+"""From frames messages to alerts: the detectors of one set of nodes, as plain deterministic objects.
+
+``Detectors.on_message`` takes one node's frames for one tick and returns the alert
+messages they cause. Everything here is a function of the frame sequence: the same
+messages in the same order give the same alerts with the same ids, which is what lets
+the Faust agent rebuild its state after a crash or a rebalance by replaying recent
+frames, instead of trusting Faust's changelog tables (see ``agents.detect.agent``).
+
+Rules:
+
+- ``efficiency_drift`` (per GPU): FLOPS/Watt below its baseline by more than the
+  configured drop for the configured hold (``streams.detect.drift``). A frame is suspect (its
+  value does not move the baseline) when its clock correction is more uncertain than
+  ``max_uncertainty_us``. The workload context is namespace/workload/pod/precision: when
+  it changes, the baseline is learnt again and nothing fires meanwhile.
+- ``util_spike`` / ``sm_spike`` (per GPU): the L1 engine's sliding-window P99 of
+  gpu_util / sm_active within the tick (``gpu_util_p99`` / ``sm_active_p99``, computed by
+  the ingest from the sub-second samples) above its threshold. It fires once per episode
+  and resolves at the first tick below.
+
+A message whose tick is not newer than the node's last one is a replayed duplicate and
+is ignored, so at-least-once delivery of frames never doubles an alert.
+
+>>> from schemas.frame_messages import FrameMessage, GpuFrame
+>>> d = Detectors(DetectParams(), grid_ns=1_000_000_000)
+>>> spike = GpuFrame("0", {}, {}, {"gpu_util_p99": 99.0}, "")
+>>> [a.rule for a in d.on_message(FrameMessage("n", 1_000_000_000, 1_000_000_000, (spike,)))]
+['util_spike']
+>>> d.on_message(FrameMessage("n", 1_000_000_000, 1_000_000_000, (spike,)))  # a replayed duplicate
+[]
+>>> calm = GpuFrame("0", {}, {}, {"gpu_util_p99": 40.0}, "")
+>>> [a.state for a in d.on_message(FrameMessage("n", 2_000_000_000, 1_000_000_000, (calm,)))]
+['resolved']
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from schemas.alerts import Alert, Severity, make_alert
+from schemas.frame_messages import FrameMessage, GpuFrame
+from streams.detect.drift import DriftBank, DriftEvent, DriftParams
+from streams.detect.spikes import SPIKE_THRESHOLDS
+
+DRIFT_RULE: Final = "efficiency_drift"
+SPIKE_RULES: Final = {"gpu_util": "util_spike", "sm_active": "sm_spike"}
+
+
+@dataclass(frozen=True, slots=True)
+class DetectParams:
+    drift: DriftParams = field(default_factory=DriftParams)
+    spike_thresholds: Mapping[str, float] = field(default_factory=lambda: dict(SPIKE_THRESHOLDS))
+    max_uncertainty_us: float = 100_000.0  # a frame timed worse than this does not teach the baseline
+    drift_severity: Severity = "warning"
+    spike_severity: Severity = "info"
+    max_nodes: int = 100_000
+
+
+def context_of(labels: Mapping[str, Any]) -> str:
+    """The workload identity a baseline belongs to."""
+    return "/".join(str(labels.get(k, "")) for k in ("namespace", "workload", "pod", "precision"))
+
+
+class Detectors:
+    """Detector state for the nodes one agent sees; bounded (least recently seen nodes go first)."""
+
+    def __init__(self, params: DetectParams, grid_ns: int) -> None:
+        self.params = params
+        self.grid_ns = grid_ns
+        self.drift = DriftBank(params.drift, grid_ns, max_entities=params.max_nodes * 16)
+        self._last_tick: OrderedDict[str, int] = OrderedDict()
+        self._open: dict[tuple[str, str, str], Alert] = {}  # (rule, node, gpu) -> its firing message
+
+    def on_message(self, m: FrameMessage) -> list[Alert]:
+        last = self._last_tick.get(m.node)
+        if last is not None and m.tick_ns <= last:
+            return []
+        self._last_tick[m.node] = m.tick_ns
+        self._last_tick.move_to_end(m.node)
+        if len(self._last_tick) > self.params.max_nodes:
+            gone, _ = self._last_tick.popitem(last=False)
+            self._open = {k: a for k, a in self._open.items() if k[1] != gone}
+        out: list[Alert] = []
+        for g in m.gpus:
+            if g.gpu == "host":
+                continue
+            out += self._spikes(m, g)
+            out += self._drift(m, g)
+        return out
+
+    @property
+    def firing(self) -> list[Alert]:
+        return list(self._open.values())
+
+    @property
+    def firing_count(self) -> int:
+        return len(self._open)
+
+    def drifting(self, node: str) -> frozenset[str]:
+        """The node's GPUs with an ``efficiency_drift`` episode open."""
+        return frozenset(g for rule, n, g in self._open if n == node and rule == DRIFT_RULE)
+
+    def _spikes(self, m: FrameMessage, g: GpuFrame) -> list[Alert]:
+        out = []
+        end = m.tick_ns + self.grid_ns
+        for sensor, rule in SPIKE_RULES.items():
+            limit = self.params.spike_thresholds.get(sensor)
+            if limit is None:
+                continue
+            peak = g.derived.get(f"{sensor}_p99")
+            key = (rule, m.node, g.gpu)
+            open_ = self._open.get(key)
+            if peak is not None and peak > limit and open_ is None:
+                a = make_alert(rule, self.params.spike_severity, m.node, g.gpu, value=peak, threshold=limit,
+                               onset_ts_ns=m.tick_ns, ts_ns=end, workload=_label(g, "workload"),
+                               namespace=_label(g, "namespace"),
+                               evidence={"quantile": 0.99, "window_ms": 1000, "bucket_ms": 100})
+                self._open[key] = a
+                out.append(a)
+            elif open_ is not None and (peak is None or peak <= limit):
+                del self._open[key]
+                out.append(open_.resolved(end, value=peak if peak is not None else open_.value))
+        return out
+
+    def _drift(self, m: FrameMessage, g: GpuFrame) -> list[Alert]:
+        value = g.derived.get("flops_per_watt")
+        suspect = g.clock_uncertainty_us > self.params.max_uncertainty_us
+        events = self.drift.update((m.node, g.gpu), m.tick_ns, value, context_of(g.labels), suspect)
+        return [self._drift_alert(m, g, ev) for ev in events]
+
+    def _drift_alert(self, m: FrameMessage, g: GpuFrame, ev: DriftEvent) -> Alert:
+        key = (DRIFT_RULE, m.node, g.gpu)
+        end = ev.tick_ns + self.grid_ns
+        evidence = {**ev.evidence, "drop": self.params.drift.drop, "hold_ms": self.params.drift.hold_ns // 1_000_000}
+        if ev.state == "firing":
+            a = make_alert(DRIFT_RULE, self.params.drift_severity, m.node, g.gpu, value=ev.value,
+                           threshold=ev.threshold, onset_ts_ns=ev.onset_ns, ts_ns=end, baseline=ev.baseline,
+                           workload=_label(g, "workload"), namespace=_label(g, "namespace"), evidence=evidence)
+            self._open[key] = a
+            return a
+        firing = self._open.pop(key, None)
+        if firing is None:  # resolved without a firing this object saw (cannot happen in one sequence)
+            firing = make_alert(DRIFT_RULE, self.params.drift_severity, m.node, g.gpu, value=ev.value,
+                                threshold=ev.threshold, onset_ts_ns=ev.onset_ns, ts_ns=end, baseline=ev.baseline,
+                                workload=_label(g, "workload"), namespace=_label(g, "namespace"))
+        return firing.resolved(max(end, firing.ts_ns), value=ev.value, evidence=evidence)
+
+
+def _label(g: GpuFrame, key: str) -> str | None:
+    v = g.labels.get(key)
+    return str(v) if v not in (None, "") else None
