@@ -24,4 +24,5 @@ trap stop_services EXIT
 deploy/services.sh start > "$env_file"
 # shellcheck disable=SC1090
 source "$env_file"
-.venv/bin/python -m pytest "$@"
+# The slowest tests printed every run: CI time is a budget.
+.venv/bin/python -m pytest --durations=20 "$@"
