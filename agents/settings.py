@@ -19,7 +19,7 @@ from typing import Any, Literal
 from streams.align.aligner import AlignParams
 from streams.decide.params import DecideParams, PolicyError, parse_decide_policy
 from streams.detect.detectors import DetectParams
-from streams.detect.drift import DriftParams
+from streams.detect.drift_params import DriftParams
 
 ENV_PREFIX = "FLOPWATCH_"
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]

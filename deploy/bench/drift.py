@@ -47,7 +47,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from streams.detect.drift import DriftParams, EfficiencyDrift
+from streams.detect.drift import EfficiencyDrift
+from streams.detect.drift_params import DriftParams
 
 S = 1_000_000_000
 DEPTHS = (0.10, 0.11, 0.12, 0.13, 0.15, 0.20, 0.30, 0.50)

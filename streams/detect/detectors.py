@@ -42,7 +42,9 @@ from typing import Any, Final
 
 from schemas.alerts import Alert, Severity, make_alert
 from schemas.frame_messages import FrameMessage, GpuFrame
-from streams.detect.drift import DriftBank, DriftEvent, DriftParams
+from streams.detect.drift import DriftEvent
+from streams.detect.drift_bank import DriftBank
+from streams.detect.drift_params import DriftParams
 from streams.detect.spikes import SPIKE_THRESHOLDS
 
 DRIFT_RULE: Final = "efficiency_drift"

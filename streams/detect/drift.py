@@ -1,93 +1,9 @@
 """Efficiency drift per GPU: FLOPS/Watt below a robust baseline for a hold, in event time.
 
-One ``EfficiencyDrift`` follows one GPU's ticks (increasing ``tick_ns``; a tick not newer
-than the last is ignored and counted, so a replay that overlaps what was seen is
-harmless). ``DriftBank`` holds many, bounded.
-
-The bar: a drop of at least ``drop`` (12%) lasting at least ``hold_ns`` (3 s) must alert;
-a dip shorter than the hold, or a drop shallower than ``floor`` (10%), must not; noise
-alone must (practically) never. Between ``floor`` and ``drop`` either answer is allowed,
-and the rule spends that band on noise.
-
-- **Baseline** ``B``: the median of the last ``baseline_ns / grid_ns`` accepted values.
-  A value is accepted when it is not ``suspect`` and no alert is open; the values of an
-  open run wait, and are accepted (in order) only if the run ends without confirming,
-  so a drop never teaches itself while noise and dips still do (leaving them out would
-  bias the median upwards). Gaps and suspect spells do not age it out; a new workload
-  ``context`` does. Nothing is detected until it holds ``min_baseline_ns / grid_ns``
-  values (after the start, a workload change, a re-learn). The per-tick noise ``sigma``
-  (relative) is the baseline's interquartile range / 1.349 / ``B``: O(1) from the sorted
-  buffer, robust to outliers, and it includes whatever the workload itself wobbles.
-- **Run**: a tick is *low* when ``value < B * (1 - floor / 2)``, halfway to the floor: a
-  tick of a 12% drop is low unless its noise exceeds 3.5 sigma at 2% per tick, and a
-  partly covered first tick is caught early. A run starts at a low tick and goes on
-  through high ticks spanning at most ``max_gap_ns`` (250 ms: one or two ticks bridge a
-  noise spike at 100 ms, none at 1 s); it ends at a longer high spell, after more than
-  ``hold_ns`` without any value, or unconfirmed after ``run_limit_ns`` (``max_run_ns``,
-  by default 10 holds: 30 s).
-- **Level**: the median of the run's inner ticks (all but the first and the current one,
-  which are usually partly covered; all of them while there is no inner one), ``depth =
-  1 - level / B``. A median because a run can hold a short deep dip next to a long
-  shallow stretch, and the level must be where most of it sits (a mean would let one 50%
-  second before 10 s at 9% look like 12.7%); for gaussian noise it costs sqrt(pi/2) in spread,
-  which the depth test counts.
-- **Depth test**: ``depth >= max((drop + floor) / 2, floor + confidence_z * se)``, ``se =
-  sigma * sqrt(k / n + pi / (2 N))`` for ``n`` level ticks and ``N`` baseline values (k =
-  pi/2 for a median of 3 or more, 1 below). The midpoint (11%) splits the band; the
-  second term is "deeper than the floor with confidence": with few ticks and much noise
-  (1-2 inner ticks at a 1 s grid, 2%) a 12% drop cannot be told from a 10% one, and the
-  rule waits for more ticks (a longer drop) rather than alert on a shallow one. It is
-  tested again on every low tick, so a long drop's level gets ever more precise.
-- **Head cut**: a run can open on noise (or a dip) just before a drop and bridge into
-  it. It is judged from the CUSUM change point: the tick from which the sum of
-  ``(B + level) / 2 - value`` to the current tick is largest (the earliest on a tie);
-  the ticks before it become noise (they teach the baseline). ``onset_ns`` is the start
-  of that first judged tick, a plain tick time (it is part of the alert id, so it must
-  not move with the sub-tick estimate below); the first judged tick is always at least
-  halfway to the level, so a first tick less than half covered is cut and becomes the
-  "previous tick" below.
-- **Duration**, in event time with sub-tick edges: a tick's dropped fraction is ``f(v) =
-  (B - v) / (B - level)`` clipped to [0, 1], and taken as 0 within ``edge_z`` errors
-  (``sigma / depth``) of 0, so noise next to a run does not lengthen it. Estimated onset
-  = ``first + grid * (1 - f(first))``, minus ``grid * f(previous tick)`` when the first
-  tick looks fully dropped (f within ``edge_z`` errors of 1) and the tick before it has a
-  value: that tick may hold the onset without being low. Estimated end = ``current +
-  grid * f(current)``. Inner ticks count as fully dropped unless clearly not (a bridged
-  high tick, the partial end of a dip that a noisy tick extended): then only ``f``
-  counts. The run is **confirmed** (one ``firing`` event) at the first low tick where
-  the depth test passes and ``end - onset - undropped inner time >= hold_ns -
-  tolerance``; ``evidence`` has ``onset_estimate_ns`` and ``held_estimate_ns``.
-  ``tolerance`` = ``edge_z * grid * sigma / depth * sqrt(2)`` (the duration's error)
-  while that is at most ``max_tolerance_ns`` (100 ms), tapering to 0 at twice that. The
-  clip at 1 errs short, so without it a drop with edges on tick boundaries (exactly 3 s
-  at its third tick) would fire only about half the time; with blurred edges (1 s grid,
-  2% noise, 20% drop: +-0.14 s) there is none, preferring no alert for a 2.9 s dip to a
-  prompt one for a 3 s drop.
-- What the grid allows: alerts come at tick ends with ~3 s of evidence, so at a 1 s grid
-  the delay from the true onset is in [3 - tolerance, 4) s (p95 3.9-4.2 s measured): the 3.5 s
-  p95 would need alerts on 2.5 s of evidence, i.e. on 2.5-3 s dips. A dip within about
-  two edge errors of 3 s (at 1 s: 0.05-0.3 s, at 100 ms: 5-30 ms) cannot be told from a
-  3 s drop either way. At 100 ms the delay is 3.0-3.1 s.
-- **River** (``streams.detect.change``) is fed ``value / baseline`` (scale-free, so one set of
-  detector parameters fits every GPU model) once the baseline is ready. It never makes
-  an alert: it fires on 1-2 s dips. When it fires inside the judged run its tick is the
-  ``river_onset_ns`` evidence (its latest firing within ``baseline_ns`` before the
-  onset is ``river_last_ns``); when it fires while an alert is open, the new level is
-  taken to start there.
-- **Resolution** (one ``resolved`` per ``firing``, same ``onset_ns``):
-  ``recovered``: values at or above ``B * (1 - floor / 2)`` for ``hold_ns`` (bridging
-  ``max_gap_ns`` like a run; the old baseline thaws); ``new_baseline``: the alert has
-  been open ``baseline_ns`` and the new level (values since the later of onset and
-  River's last firing) spans ``min_baseline_ns``: its values become the baseline, so a
-  permanent shift (also a partial recovery to less than ``floor / 2`` below) does not
-  alert forever; ``workload_change``: the context changed (then everything is learnt
-  again from scratch and an open run is dropped, so a new job is never drift).
-
-Deterministic (float arithmetic in a fixed order, no clock, no randomness): the same
-sequence of ``update`` calls gives the same events, and ``restore(snapshot())``
-continues exactly as the original would have. Bounded: the baseline holds ``baseline_ns
-/ grid_ns`` values, a run at most ``(run_limit_ns + max_gap_ns) / grid_ns``; a tick costs
-O(log N), O(run) while a run is deep enough to be judged.
+One ``EfficiencyDrift`` follows one GPU's ticks; ``streams.detect.drift_bank.DriftBank`` holds many.
+The rules (baseline, run, level, depth test, head cut, duration, River, resolution) and why
+each is as it is: docs/drift.md. Deterministic: the same ``update`` calls give the same
+events, and ``restore(snapshot())`` continues exactly as the original would have.
 
 >>> d = EfficiencyDrift(DriftParams(hold_ns=3, baseline_ns=10, min_baseline_ns=5, max_gap_ns=0,
 ...                                 max_tolerance_ns=0, max_run_ns=10), grid_ns=1)
@@ -101,91 +17,17 @@ O(log N), O(run) while a run is deep enough to be judged.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from streams.detect.change import ChangeDetector, make_detector
 from streams.detect.drift_alert import OpenAlert
 from streams.detect.drift_baseline import Baseline
+from streams.detect.drift_params import DriftParams, detector_for
 from streams.detect.drift_run import Run
 
 Evidence = Mapping[str, float | int | str]
-
-@dataclass(frozen=True, slots=True)
-class DriftParams:
-    drop: float = 0.12  # a drop at least this deep (fraction below baseline), held for hold_ns, must alert
-    floor: float = 0.10  # a drop shallower than this must never alert
-    hold_ns: int = 3_000_000_000  # how long the drop must persist (event time)
-    baseline_ns: int = 60_000_000_000  # baseline = median over this much accepted history
-    min_baseline_ns: int = 20_000_000_000  # no detection before this much baseline history
-    # Depth test: deeper than the floor by this many standard errors of the run's level (and than the midpoint).
-    confidence_z: float = 2.33
-    # Duration: accept hold_ns minus this many errors of the estimate while they fit in max_tolerance_ns (tapering
-    # to none at twice that); fractions this many errors from 0 or 1 count as 0 or (inner ticks) 1.
-    edge_z: float = 2.0
-    max_tolerance_ns: int = 100_000_000
-    max_gap_ns: int = 250_000_000  # high ticks spanning at most this much do not end a run (or a recovery)
-    max_run_ns: int | None = None  # a run unconfirmed after this much goes to the baseline (None: 10 holds)
-    detector: Literal["page_hinkley", "adwin"] = "page_hinkley"
-    # PageHinkley on value/baseline ratios: a 12% drop moves its sum ~0.11 per tick, so
-    # 0.3 is crossed in ~3 ticks, while with 2% noise a false crossing needs ~10^6 ticks.
-    ph_delta: float = 0.01
-    ph_threshold: float = 0.3
-    ph_min_instances: int = 10
-    adwin_delta: float = 0.002
-
-    def __post_init__(self) -> None:
-        if not 0 < self.drop < 1:
-            raise ValueError(f"drop must be a fraction in (0, 1), got {self.drop}")
-        if not 0 < self.floor < self.drop:
-            raise ValueError(f"floor must be in (0, drop={self.drop}), got {self.floor}")
-        if self.hold_ns <= 0:
-            raise ValueError(f"hold_ns must be > 0, got {self.hold_ns}")
-        if not 0 < self.min_baseline_ns <= self.baseline_ns:
-            raise ValueError("need 0 < min_baseline_ns <= baseline_ns")
-        if not (self.confidence_z >= 0 and self.edge_z >= 0):
-            raise ValueError("confidence_z and edge_z must be >= 0")
-        if not 0 <= self.max_tolerance_ns < self.hold_ns:
-            raise ValueError("need 0 <= max_tolerance_ns < hold_ns")
-        if not 0 <= self.max_gap_ns < self.hold_ns:
-            raise ValueError("need 0 <= max_gap_ns < hold_ns")
-        if self.max_run_ns is not None and self.max_run_ns < self.hold_ns:
-            raise ValueError("max_run_ns must be >= hold_ns")
-        if self.detector not in ("page_hinkley", "adwin"):
-            raise ValueError(f"detector must be 'page_hinkley' or 'adwin', got {self.detector!r}")
-        # The detectors validate their own parameters; build one now so a bad one fails here.
-        _detector(self)
-
-    @property
-    def run_limit_ns(self) -> int:
-        """How long a run may stay open unconfirmed."""
-        return 10 * self.hold_ns if self.max_run_ns is None else self.max_run_ns
-
-    @property
-    def low(self) -> float:
-        """A tick is low (starts or extends a run) below ``baseline * (1 - low)``; back up at or above."""
-        return self.floor / 2
-
-    @property
-    def mid(self) -> float:
-        """The least depth a run's level must have to confirm (more when noise demands it)."""
-        return (self.drop + self.floor) / 2
-
-    def sizes(self, grid_ns: int) -> tuple[int, int]:
-        """(baseline buffer length, values needed before detecting) at this grid."""
-        if grid_ns <= 0:
-            raise ValueError(f"grid_ns must be > 0, got {grid_ns}")
-        if self.baseline_ns < grid_ns:
-            raise ValueError("baseline_ns must span at least one grid tick")
-        return self.baseline_ns // grid_ns, min(self.baseline_ns // grid_ns, -(-self.min_baseline_ns // grid_ns))
-
-
-def _detector(p: DriftParams) -> ChangeDetector:
-    if p.detector == "adwin":
-        return make_detector("adwin", delta=p.adwin_delta)
-    return make_detector("page_hinkley", delta=p.ph_delta, threshold=p.ph_threshold, min_instances=p.ph_min_instances)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +51,7 @@ class EfficiencyDrift:
         self._last_ns: int | None = None  # newest tick taken
         self._valued_ns: int | None = None  # newest tick with a value
         self._prev: tuple[int, float] | None = None  # newest valued tick before the current one, and its value
-        self._det = _detector(params)
+        self._det = detector_for(params)
         self._run = Run()
         self._river_ns: int | None = None  # River's latest firing (any tick)
         self._alert: OpenAlert | None = None
@@ -355,60 +197,3 @@ class EfficiencyDrift:
         d._det.load(snap["detector"])
         d.ignored = int(snap["ignored"])
         return d
-
-
-class DriftBank:
-    """``EfficiencyDrift`` per (node, gpu); beyond ``max_entities`` the least recently updated goes.
-
-    An evicted GPU's open alert gets no ``resolved`` event from here; the caller, which
-    bounds its own state the same way, drops it with the GPU.
-
-    >>> bank = DriftBank(DriftParams(), grid_ns=1_000_000_000, max_entities=2)
-    >>> for gpu in "abc":
-    ...     _ = bank.update(("n", gpu), 0, 1.0, "job")
-    >>> sorted(bank.keys())
-    [('n', 'b'), ('n', 'c')]
-    """
-
-    def __init__(self, params: DriftParams, grid_ns: int, max_entities: int = 100_000) -> None:
-        if max_entities < 1:
-            raise ValueError("max_entities must be >= 1")
-        params.sizes(grid_ns)  # fail now on a grid the parameters cannot use
-        self.params, self.grid_ns, self.max_entities = params, grid_ns, max_entities
-        self._gpus: OrderedDict[tuple[str, str], EfficiencyDrift] = OrderedDict()
-        self.evicted = 0
-
-    def update(self, key: tuple[str, str], tick_ns: int, value: float | None, context: str,
-               suspect: bool = False) -> list[DriftEvent]:
-        d = self._gpus.get(key)
-        if d is None:
-            d = self._gpus[key] = EfficiencyDrift(self.params, self.grid_ns)
-            if len(self._gpus) > self.max_entities:
-                self._gpus.popitem(last=False)
-                self.evicted += 1
-        else:
-            self._gpus.move_to_end(key)
-        return d.update(tick_ns, value, context, suspect)
-
-    def get(self, key: tuple[str, str]) -> EfficiencyDrift | None:
-        return self._gpus.get(key)
-
-    def keys(self) -> list[tuple[str, str]]:
-        return list(self._gpus)
-
-    def __len__(self) -> int:
-        return len(self._gpus)
-
-    def snapshot(self) -> dict[str, Any]:
-        # A list in least-recently-updated order, so eviction continues the same after restore.
-        return {"entities": [[node, gpu, d.snapshot()] for (node, gpu), d in self._gpus.items()],
-                "evicted": self.evicted}
-
-    @classmethod
-    def restore(cls, params: DriftParams, grid_ns: int, snap: Mapping[str, Any],
-                max_entities: int = 100_000) -> DriftBank:
-        bank = cls(params, grid_ns, max_entities)
-        for node, gpu, s in snap["entities"][-max_entities:]:
-            bank._gpus[(str(node), str(gpu))] = EfficiencyDrift.restore(params, grid_ns, s)
-        bank.evicted = int(snap["evicted"])
-        return bank

@@ -1,12 +1,12 @@
 """The open alert of ``streams.detect.drift``: its new level, its run back up, and when it resolves.
 
 The rules (``recovered``, ``new_baseline``; ``workload_change`` is decided by the caller)
-are in ``streams.detect.drift``'s module docstring. ``OpenAlert.observe`` only says which one
+are in docs/drift.md. ``OpenAlert.observe`` only says which one
 applies; ``streams.detect.drift.EfficiencyDrift`` then re-learns the baseline, resets River and
 emits the event, so everything that changes the baseline happens in one place.
 
 >>> from collections import deque
->>> from streams.detect.drift import DriftParams
+>>> from streams.detect.drift_params import DriftParams
 >>> p = DriftParams(hold_ns=3, baseline_ns=10, min_baseline_ns=5, max_gap_ns=0, max_tolerance_ns=0, max_run_ns=10)
 >>> a = OpenAlert(8, 1.0, 0.88, 0.5, 8, deque([0.5, 0.5, 0.5], maxlen=10))
 >>> [a.observe(t, 1.0, False, False, p, 1, need=5) for t in range(11, 14)]
@@ -18,10 +18,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # streams.detect.drift imports this module; the parameters are only needed for their types here
-    from streams.detect.drift import DriftParams
+from streams.detect.drift_params import DriftParams
 
 
 @dataclass(slots=True)

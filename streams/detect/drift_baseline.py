@@ -1,7 +1,7 @@
 """The robust baseline of ``streams.detect.drift``: a median buffer of accepted values and its noise.
 
 Which values are accepted, and when the buffer is re-learnt, is ``streams.detect.drift``'s
-business (see its module docstring); this holds the last ``cap`` of them twice, in
+business (see docs/drift.md); this holds the last ``cap`` of them twice, in
 arrival order (so the oldest can age out) and sorted (so the median and the quartiles
 are O(1) to read and a value costs O(log N) to add).
 

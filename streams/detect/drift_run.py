@@ -1,12 +1,12 @@
 """The open run of ``streams.detect.drift``: its ticks, level, depth test, edge estimates, confirmation.
 
 What a run is, and why each rule is as it is (low ticks, bridging, level, depth test,
-head cut, sub-tick duration, tolerance), is in ``streams.detect.drift``'s module docstring; this
+head cut, sub-tick duration, tolerance), is in docs/drift.md; this
 module holds the run's state and judges it. It never touches the baseline or the alert:
 ``Run.judge`` returns a ``Confirmation`` and ``streams.detect.drift.EfficiencyDrift`` acts on it,
 so the order in which values teach the baseline stays in one place.
 
->>> from streams.detect.drift import DriftParams
+>>> from streams.detect.drift_params import DriftParams
 >>> p = DriftParams(hold_ns=3, baseline_ns=10, min_baseline_ns=5, max_gap_ns=0, max_tolerance_ns=0, max_run_ns=10)
 >>> r = Run()
 >>> for t in range(8, 11):
@@ -22,12 +22,10 @@ import bisect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from streams.detect.drift_baseline import median
-
-if TYPE_CHECKING:  # streams.detect.drift imports this module; the parameters are only needed for their types here
-    from streams.detect.drift import DriftParams
+from streams.detect.drift_params import DriftParams
 
 Tick = tuple[int, float, bool]  # (tick_ns, value, suspect)
 _HALF_PI = math.pi / 2

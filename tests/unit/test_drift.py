@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.detect.drift import DriftBank, DriftEvent, DriftParams, EfficiencyDrift
+from streams.detect.drift import DriftEvent, EfficiencyDrift
+from streams.detect.drift_bank import DriftBank
+from streams.detect.drift_params import DriftParams
 
 S = 1_000_000_000
 GRIDS = [S, S // 10]
