@@ -7,6 +7,8 @@ and the tests. Generated from the catalog; code reads a column by name, never by
 (('ts', 'node', 'gpu'), ('sm_active_p99', 'derive_note'))
 >>> value_index("power") == VALUE_COLUMNS.index("power")
 True
+>>> PEAK_COLUMNS
+('gpu_util_p99', 'sm_active_p99')
 """
 
 from __future__ import annotations
@@ -18,10 +20,20 @@ from schemas.catalog import CATALOG, LABEL_COLUMNS, value_columns
 VALUE_COLUMNS: Final = tuple(col for _, _, col in value_columns())  # one per sensor aggregate
 COUNT_COLUMNS: Final = tuple(s.count_column for s in CATALOG)  # samples per sensor and cell
 LABEL_COLS: Final = tuple(LABEL_COLUMNS.values())
+# The L1 spike rule's sensors (streams.detect.spike_rule): each has a peak column in the frame.
+SPIKE_SENSORS: Final = ("gpu_util", "sm_active")
+
+
+def peak_column(sensor: str) -> str:
+    """The derived column holding a spike sensor's sliding-window peak within the tick."""
+    return f"{sensor}_p99"
+
+
+PEAK_COLUMNS: Final = tuple(peak_column(s) for s in SPIKE_SENSORS)
 # Filled by streams.efficiency.derive after aggregation; NULL where an input is missing, and then
 # ``derive_note`` says which (NOTE_CODES).
 DERIVED_COLUMNS: Final = ("tflops", "flops_per_watt", "cost_per_tflops", "energy_j", "cost_usd", "idle",
-                          "gpu_util_p99", "sm_active_p99")
+                          *PEAK_COLUMNS)
 NOTE_COLUMN: Final = "derive_note"
 NOTE_CODES: Final = ("host", "unknown_model", "unknown_precision", "no_price", "no_activity", "no_power",
                      "zero_throughput")

@@ -15,6 +15,7 @@ import numpy as np
 
 from agents.ingest.pricebook_file import PriceBookFile
 from schemas.catalog import BY_NAME
+from schemas.frames import SPIKE_SENSORS, peak_column
 from schemas.gpus import peak_tflops
 from schemas.pricebook import PriceBook
 from schemas.records import Labels
@@ -22,11 +23,12 @@ from streams.align.aggregate import FrameBatch
 from streams.align.aligner import GridAligner, Recovered
 from streams.align.correction import Correction, to_utc
 from streams.align.grid import AlignParams
-from streams.detect.spikes import SpikeEngine, SpikeParams
+from streams.detect.spike_rule import SpikeParams
+from streams.detect.spikes import SpikeEngine
 from streams.efficiency.derive import IdleParams, derive
 
 EVICT_SLACK_NS: Final = 600_000_000_000
-SPIKE_SENSORS: Final = {BY_NAME["gpu_util"].index: "gpu_util", BY_NAME["sm_active"].index: "sm_active"}
+SPIKE_SENSOR_INDEX: Final = {BY_NAME[name].index: name for name in SPIKE_SENSORS}
 
 
 class BookPricing:
@@ -61,7 +63,7 @@ class Enricher:
 
     def tap(self, node: str, gpu: str, sensor_index: int, ts_ns: Sequence[int], values: Sequence[float],
             correction: Correction | None) -> None:
-        name = SPIKE_SENSORS.get(sensor_index)
+        name = SPIKE_SENSOR_INDEX.get(sensor_index)
         if name is None or not len(ts_ns):
             return
         ts = np.asarray(ts_ns, np.int64)
@@ -77,14 +79,14 @@ class Enricher:
             self._pricing = BookPricing(book)
         ticks = batch.tick_ns.tolist()
         peaks = {}
-        for name in SPIKE_SENSORS.values():
+        for name in SPIKE_SENSORS:
             col = np.full(len(batch), np.nan)
             for i, (node, gpu, tick) in enumerate(zip(batch.node, batch.gpu, ticks, strict=True)):
                 got = self.spikes.tick_peak(node, gpu, name, tick)
                 if got is not None:
                     col[i] = got
                     self.spikes.release(node, gpu, name, tick)  # a node's ticks close in order
-            peaks[f"{name}_p99"] = col
+            peaks[peak_column(name)] = col
         d = derive(batch, self._pricing, self.grid_ns, self.idle, peaks)
         batch.derived, batch.notes = d.columns, d.notes
         # Ticks release their series as they close; this drops series of nodes that went away.
@@ -104,5 +106,5 @@ class TappedAligner(GridAligner):
             labels: Labels | None = None, source: Hashable = None, position: int = 0,
             correction: Correction | None = None) -> None:
         super().add(node, gpu, sensor_index, ts_ns, values, labels, source, position, correction)
-        if sensor_index in SPIKE_SENSORS:
+        if sensor_index in SPIKE_SENSOR_INDEX:
             self._enricher.tap(node, gpu, sensor_index, ts_ns, values, correction)

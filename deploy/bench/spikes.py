@@ -47,7 +47,8 @@ import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from streams.detect.spikes import SPIKE_THRESHOLDS, SpikeEngine, SpikeParams, spike_flags
+from streams.detect.spike_rule import SPIKE_THRESHOLDS, SpikeParams, spike_flags
+from streams.detect.spikes import SpikeEngine
 
 S = 1_000_000_000
 MS = 1_000_000

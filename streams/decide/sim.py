@@ -27,6 +27,7 @@ from schemas.frame_messages import FrameMessage, GpuFrame
 from streams.decide.engine import Decider
 from streams.decide.params import DecideParams, NamespacePolicy, S
 from streams.decide.rules import Decision
+from streams.detect.spike_rule import SPIKE_THRESHOLDS
 from streams.detect.workload_tap import WorkloadTap
 
 Load = Callable[[float], float]  # seconds since the start -> total requests/s
@@ -80,7 +81,7 @@ def node_name(i: int) -> str:
 
 def run_scenario(sc: Scenario, grid_s: float = 1.0) -> Run:
     grid = int(grid_s * S)
-    tap = WorkloadTap({"gpu_util": 95.0, "sm_active": 0.95}, lambda _model: 32e9)
+    tap = WorkloadTap(SPIKE_THRESHOLDS, lambda _model: 32e9)
     decider = Decider(sc.params)
     replicas = sc.replicas
     changes: list[tuple[float, int]] = [(0.0, replicas)]

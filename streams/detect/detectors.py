@@ -45,16 +45,24 @@ from schemas.frame_messages import FrameMessage, GpuFrame
 from streams.detect.drift import DriftEvent
 from streams.detect.drift_bank import DriftBank
 from streams.detect.drift_params import DriftParams
-from streams.detect.spikes import SPIKE_THRESHOLDS
+from streams.detect.spike_rule import (
+    SPIKE_RULES,
+    SPIKE_THRESHOLDS,
+    SpikeParams,
+    spike_ended,
+    spike_evidence,
+    spike_flags,
+    tick_peaks,
+)
 
 DRIFT_RULE: Final = "efficiency_drift"
-SPIKE_RULES: Final = {"gpu_util": "util_spike", "sm_active": "sm_spike"}
 
 
 @dataclass(frozen=True, slots=True)
 class DetectParams:
     drift: DriftParams = field(default_factory=DriftParams)
     spike_thresholds: Mapping[str, float] = field(default_factory=lambda: dict(SPIKE_THRESHOLDS))
+    spike: SpikeParams = field(default_factory=SpikeParams)  # how the ingest measured the peaks (alert evidence)
     max_uncertainty_us: float = 100_000.0  # a frame timed worse than this does not teach the baseline
     drift_severity: Severity = "warning"
     spike_severity: Severity = "info"
@@ -108,21 +116,18 @@ class Detectors:
     def _spikes(self, m: FrameMessage, g: GpuFrame) -> list[Alert]:
         out = []
         end = m.tick_ns + self.grid_ns
-        for sensor, rule in SPIKE_RULES.items():
-            limit = self.params.spike_thresholds.get(sensor)
-            if limit is None:
-                continue
-            peak = g.derived.get(f"{sensor}_p99")
+        for sensor, peak, limit in tick_peaks(g.derived, self.params.spike_thresholds):
+            rule = SPIKE_RULES[sensor]
             key = (rule, m.node, g.gpu)
             open_ = self._open.get(key)
-            if peak is not None and peak > limit and open_ is None:
+            if spike_flags(peak, limit) and open_ is None:
                 a = make_alert(rule, self.params.spike_severity, m.node, g.gpu, value=peak, threshold=limit,
                                onset_ts_ns=m.tick_ns, ts_ns=end, workload=_label(g, "workload"),
                                namespace=_label(g, "namespace"),
-                               evidence={"quantile": 0.99, "window_ms": 1000, "bucket_ms": 100})
+                               evidence=spike_evidence(self.params.spike))
                 self._open[key] = a
                 out.append(a)
-            elif open_ is not None and (peak is None or peak <= limit):
+            elif open_ is not None and spike_ended(peak, limit):
                 del self._open[key]
                 out.append(open_.resolved(end, value=peak if peak is not None else open_.value))
         return out

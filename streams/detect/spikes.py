@@ -34,7 +34,8 @@ inside 60% load is two samples, which a 1 s mean already halves and a 60 s mean 
   ``evict_before``, the horizon) invalidates the ticks whose windows read a purged bucket,
   so a cached peak is always the one the state would give now. Only a lone tick (nothing
   to read ahead) takes the plain sliding loop. Both evaluations live in
-  streams/detect/spike_windows.py; this module owns the storage, the mirror and the cache.
+  streams/detect/spike_windows.py, the storage, the mirror and the cache in
+  streams/detect/spike_series.py; this module decides when each is fed, read and purged.
 
 Arrival order does not matter: buckets hold multisets, and the top K of a multiset is
 the same in any order.
@@ -45,6 +46,7 @@ the same in any order.
 >>> eng.add("n", "0", "gpu_util", ts, util)
 >>> [round(eng.tick_peak("n", "0", "gpu_util", t * 1_000_000_000) or 0.0, 1) for t in range(3)]
 [60.0, 99.0, 99.0]
+>>> from streams.detect.spike_rule import SPIKE_THRESHOLDS, spike_flags
 >>> spike_flags(eng.tick_peak("n", "0", "gpu_util", 1_000_000_000), SPIKE_THRESHOLDS["gpu_util"])
 True
 >>> util[13:15] = 60.0; util[14] = 99.0   # jitter left the spike one sample: still caught
@@ -58,127 +60,23 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
+from streams.detect.spike_rule import SpikeParams
+from streams.detect.spike_series import BucketSeries
+
 # quantile_of_top is re-exported: it lived here before the evaluation moved to spike_windows.
 from streams.detect.spike_windows import WindowQuantiles, quantile_of_top
 
-__all__ = ["SPIKE_THRESHOLDS", "SpikeEngine", "SpikeParams", "quantile_of_top", "spike_flags"]
-
-SPIKE_THRESHOLDS: Final[Mapping[str, float]] = MappingProxyType({"gpu_util": 95.0, "sm_active": 0.95})
+__all__ = ["SpikeEngine", "quantile_of_top"]
 
 Key = tuple[str, str, str]  # node, gpu, sensor
 _SMALL: Final = 32  # calls with at most this many samples take the plain-loop path
 _AHEAD: Final = 64  # tick_peak evaluates at most this many ticks in one go (and caches them)
 _BIG: Final = 1e300  # values beyond this (or inf) are not mirrored: numpy would warn where Python does not
-_NO_B: Final = np.zeros(0, np.int64)
-_NO_V: Final = np.zeros(0, np.float64)
-
-
-def spike_flags(peak: float | None, threshold: float) -> bool:
-    """A tick is a spike when its peak is above the threshold (no samples: no spike).
-
-    >>> spike_flags(None, 95.0), spike_flags(95.0, 95.0), spike_flags(95.5, 95.0)
-    (False, False, True)
-    """
-    return peak is not None and peak > threshold
-
-
-@dataclass(frozen=True, slots=True)
-class SpikeParams:
-    bucket_ns: int = 100_000_000
-    window_ns: int = 1_000_000_000
-    quantile: float = 0.99
-    max_per_bucket: int = 64  # the largest values kept per bucket (see the module docstring)
-    # How far behind its newest sample a series keeps buckets. Live, a tick stays open about
-    # idle 15 s + lateness 2 s; replaying a backlog, the samples of minutes ahead arrive
-    # before a tick closes. The pipeline releases each series as its ticks close
-    # (``release``), so this is only the backstop for a series whose ticks never do.
-    horizon_ns: int = 600_000_000_000
-    max_series: int = 200_000
-
-    def __post_init__(self) -> None:
-        if self.bucket_ns <= 0 or self.window_ns <= 0 or self.window_ns % self.bucket_ns:
-            raise ValueError("bucket_ns and window_ns must be > 0, window_ns a multiple of bucket_ns")
-        if not 0.5 <= self.quantile <= 1.0:
-            raise ValueError(f"quantile must be in [0.5, 1] (top values are kept), got {self.quantile}")
-        if self.max_per_bucket < 1 or self.max_series < 1:
-            raise ValueError("max_per_bucket and max_series must be >= 1")
-        if self.horizon_ns < self.window_ns:
-            raise ValueError("horizon_ns must cover at least one window")
-
-
-class _Series:
-    __slots__ = ("cache", "cache_hi", "cut", "dropped", "lowest", "m_b", "m_chunks", "m_from", "m_last", "m_pb",
-                 "m_pv", "m_v", "newest", "vals")
-
-    def __init__(self) -> None:
-        self.vals: dict[int, list[float]] = {}  # bucket -> kept values (the largest when truncated)
-        self.dropped: dict[int, int] = {}  # bucket -> values not kept
-        self.newest = -(2**62)  # newest bucket seen (an upper bound of every bucket held)
-        self.lowest = 2**62  # a lower bound of the oldest bucket held
-        # tick_ns -> (peak, first bucket its windows read); valid while that bucket >= cut
-        self.cache: dict[int, tuple[float | None, int]] = {}
-        self.cache_hi = -(2**62)  # the last bucket a cached window reads
-        self.cut = -(2**62)  # buckets below this have been purged
-        # The mirror: the values of every bucket >= m_from, as numpy (bucket, value) arrays in
-        # bucket order (m_b, m_v, then the chunks m_chunks, then the lists m_pb, m_pv), fed by
-        # the in-order appends; anything else that changes a bucket >= m_from resets it.
-        self.m_b: npt.NDArray[np.int64] = _NO_B
-        self.m_v: npt.NDArray[np.float64] = _NO_V
-        self.m_chunks: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] = []
-        self.m_pb: list[int] = []
-        self.m_pv: list[float] = []
-        self.m_from = self.newest + 1  # (no bucket held yet)
-        self.m_last = self.newest  # the last bucket in the mirror (or m_from - 1)
-
-    def touch(self, low_bucket: int) -> None:
-        """Buckets from ``low_bucket`` up change: drop the cached peaks if a window reads one."""
-        if low_bucket <= self.cache_hi:
-            self.cache = {}
-            self.cache_hi = -(2**62)
-
-    def unmirror(self) -> None:
-        """A bucket changed outside the mirror: restart it past every bucket held."""
-        self.m_b, self.m_v, self.m_chunks, self.m_pb, self.m_pv = _NO_B, _NO_V, [], [], []
-        self.m_from, self.m_last = self.newest + 1, self.newest
-
-    def mirrored(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
-        if self.m_pb:
-            self.m_chunks.append((np.array(self.m_pb, np.int64), np.array(self.m_pv, np.float64)))
-            self.m_pb, self.m_pv = [], []
-        if self.m_chunks:
-            drop = int(np.searchsorted(self.m_b, self.m_from))  # trim what purges released
-            self.m_b = np.concatenate([self.m_b[drop:], *(c[0] for c in self.m_chunks)])
-            self.m_v = np.concatenate([self.m_v[drop:], *(c[1] for c in self.m_chunks)])
-            self.m_chunks = []
-        return self.m_b, self.m_v
-
-    def purge(self, keep_from: int) -> None:
-        if self.lowest >= keep_from:
-            return
-        if keep_from > self.cut:
-            self.cut = keep_from
-        if keep_from > self.m_from:
-            self.m_from = keep_from
-        if keep_from - self.lowest <= 64:
-            # The usual case (a tick closing releases ~10 buckets): pop the few, don't rebuild.
-            pop = self.vals.pop
-            for b in range(self.lowest, keep_from):
-                pop(b, None)
-            if self.dropped:
-                for b in range(self.lowest, keep_from):
-                    self.dropped.pop(b, None)
-            self.lowest = keep_from if self.vals else 2**62
-            return
-        self.vals = {b: v for b, v in self.vals.items() if b >= keep_from}
-        self.dropped = {b: n for b, n in self.dropped.items() if b >= keep_from}
-        self.lowest = min(self.vals, default=2**62)
 
 
 class SpikeEngine:
@@ -190,7 +88,7 @@ class SpikeEngine:
         self.params, self.grid_ns = params, grid_ns
         self._nb = params.window_ns // params.bucket_ns
         self._keep = params.horizon_ns // params.bucket_ns
-        self._series: OrderedDict[Key, _Series] = OrderedDict()
+        self._series: OrderedDict[Key, BucketSeries] = OrderedDict()
         self._floor = -(2**62)  # buckets below this are closed (evict_before)
         self.late_samples = 0  # samples for buckets already dropped
         self.evicted_series = 0
@@ -207,7 +105,7 @@ class SpikeEngine:
         key = (node, gpu, sensor)
         s = self._series.get(key)
         if s is None:
-            s = self._series[key] = _Series()
+            s = self._series[key] = BucketSeries()
             if len(self._series) > self.params.max_series:
                 self._series.popitem(last=False)
                 self.evicted_series += 1
@@ -220,7 +118,7 @@ class SpikeEngine:
         if len(s.vals) > self._keep + self._keep // 4 + 1:  # amortised: purge once a quarter past the bound
             s.purge(s.newest - self._keep)
 
-    def _add_many(self, s: _Series, ts: npt.NDArray[np.int64], vs: npt.NDArray[np.float64]) -> None:
+    def _add_many(self, s: BucketSeries, ts: npt.NDArray[np.int64], vs: npt.NDArray[np.float64]) -> None:
         v_min = float(vs.min())  # NaN when any value is
         if v_min != v_min:
             ok = ~np.isnan(vs)
@@ -278,7 +176,7 @@ class SpikeEngine:
             s.unmirror()
         s.lowest = min(s.lowest, bl[0])
 
-    def _mirror(self, s: _Series, b: npt.NDArray[np.int64], vs: npt.NDArray[np.float64], v_min: float) -> None:
+    def _mirror(self, s: BucketSeries, b: npt.NDArray[np.int64], vs: npt.NDArray[np.float64], v_min: float) -> None:
         """Append new buckets (all past every bucket held), in order, to the mirror (or reset it);
         ``v_min`` is at most the lowest value."""
         if v_min > -_BIG and float(vs.max()) < _BIG:
@@ -289,7 +187,7 @@ class SpikeEngine:
         else:
             s.unmirror()
 
-    def _add_few(self, s: _Series, tl: list[int], vl: list[float]) -> None:
+    def _add_few(self, s: BucketSeries, tl: list[int], vl: list[float]) -> None:
         # Per-message calls carry ~10 samples (10 Hz, 1 s): numpy's per-call overhead
         # would cost more than a plain loop, so small calls take this path.
         bns = self.params.bucket_ns
@@ -324,7 +222,7 @@ class SpikeEngine:
                 else:
                     s.unmirror()
 
-    def _put(self, s: _Series, bucket: int, new: list[float]) -> None:
+    def _put(self, s: BucketSeries, bucket: int, new: list[float]) -> None:
         kept = s.vals.get(bucket)
         if kept is None:
             kept = s.vals[bucket] = new
@@ -398,7 +296,7 @@ class SpikeEngine:
         eng._floor, eng.late_samples = int(snap["floor"]), int(snap["late_samples"])
         eng.evicted_series = int(snap["evicted_series"])
         for node, gpu, sensor, newest, buckets in snap["series"]:
-            s = eng._series[(node, gpu, sensor)] = _Series()
+            s = eng._series[(node, gpu, sensor)] = BucketSeries()
             s.newest = int(newest)
             s.unmirror()  # nothing mirrored: the mirror starts past the buckets restored
             for b, v, n in buckets:

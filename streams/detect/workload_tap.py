@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from schemas.frame_messages import FrameMessage, GpuFrame
 from schemas.workload_samples import WorkloadSample
+from streams.detect.spike_rule import spike_flags, tick_peaks
 
 DEFAULT_NAMESPACE = "default"
 DEFAULT_CLASS = "default"
@@ -97,10 +98,8 @@ class WorkloadTap:
             acc.latency.append(lat)
         if (qps := v.get("request_rate")) is not None:
             acc.qps.append(qps)
-        for sensor, limit in self.spike_thresholds.items():
-            peak = g.derived.get(f"{sensor}_p99")
-            if peak is not None and peak > limit:
-                acc.spike = True
+        if any(spike_flags(peak, limit) for _, peak, limit in tick_peaks(g.derived, self.spike_thresholds)):
+            acc.spike = True
         if drifting:
             acc.drift.append(g.gpu)
 

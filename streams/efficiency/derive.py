@@ -38,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from schemas.catalog import HOST_GPU
-from schemas.frames import DERIVED_COLUMNS, NOTE_CODES
+from schemas.frames import DERIVED_COLUMNS, NOTE_CODES, PEAK_COLUMNS
 from streams.align.aggregate import FrameBatch
 
 F64 = npt.NDArray[np.float64]
@@ -87,10 +87,10 @@ def derive(batch: FrameBatch, pricing: Pricing, grid_ns: int, idle: IdleParams =
     idle_flag = _idle(batch, activity, idle)
     cols = {"tflops": tflops, "flops_per_watt": fpw, "cost_per_tflops": cost_per, "energy_j": energy,
             "cost_usd": cost, "idle": idle_flag}
-    for c in ("gpu_util_p99", "sm_active_p99"):
+    for c in PEAK_COLUMNS:
         cols[c] = peaks[c] if peaks is not None and c in peaks else np.full(n, np.nan)
     for c, col in cols.items():
-        if c not in ("gpu_util_p99", "sm_active_p99"):
+        if c not in PEAK_COLUMNS:
             col[host] = np.nan
     assert set(cols) == set(DERIVED_COLUMNS)
     masks = {"host": host, "no_activity": ~host & np.isnan(activity), "no_power": ~host & np.isnan(power),

@@ -9,7 +9,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from streams.detect.spikes import SPIKE_THRESHOLDS, SpikeEngine, SpikeParams, spike_flags
+from streams.detect.spike_rule import SPIKE_THRESHOLDS, SpikeParams, spike_flags
+from streams.detect.spikes import SpikeEngine
 
 S = 1_000_000_000
 MS = 1_000_000
