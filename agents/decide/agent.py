@@ -25,7 +25,6 @@ one row per decision.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -34,11 +33,12 @@ import faust
 import orjson
 
 from agents.decide.scale_view import Desired, ScaleView
-from agents.runtime.backoff import with_backoff
-from agents.runtime.partition_agent import FrameHistory, Rejects, dead_letter, declare, read_history
+from agents.runtime.partition_agent import FrameHistory, Rejects, declare
+from agents.runtime.partition_runtime import PartitionCounters, PartitionRuntime
+from agents.runtime.timebase import SYSTEM_CLOCK, Clock
 from schemas.records import Reject, RejectReason
 from schemas.triggers import encode_trigger
-from schemas.workload_samples import WorkloadSampleDecodeError, decode_workload_sample
+from schemas.workload_samples import WorkloadSample, WorkloadSampleDecodeError, decode_workload_sample
 from streams.decide.engine import Decider
 from streams.decide.params import DecideParams
 from streams.decide.rules import Decision, WorkloadRules
@@ -51,140 +51,82 @@ class DecisionSink(Protocol):
 
 
 @dataclass(slots=True)
-class DecideAgentStats:
+class DecideAgentStats(PartitionCounters):
     samples: int = 0
     taken: int = 0
     withheld: int = 0
-    suppressed: int = 0  # triggers already on the topic before a restart, not sent again
-    replayed: int = 0
-    rebuilds: int = 0
-    rejects: int = 0
-    errors: int = 0
     by_action: dict[str, int] = field(default_factory=dict)
 
 
-class DecideRuntime:
+class DecideRuntime(PartitionRuntime[Decider, WorkloadSample, Decision]):
     """Per-partition deciders, rebuilt on first use after an assignment; shared by the agent and tests."""
+
+    engine_noun = "decider"
+    state_noun = "decision"
+    input_noun = "summaries"
+    output_noun = "decision"
+    empty_note = " (no cooldown or window history)"
+    stats: DecideAgentStats
 
     def __init__(self, params: DecideParams, history: FrameHistory, sinks: Sequence[DecisionSink],
                  rejects: Rejects | None, topic: str, view: ScaleView | None = None, replay_s: float = 900.0,
-                 on_decision: Callable[[Decision], None] | None = None) -> None:
+                 on_decision: Callable[[Decision], None] | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+        super().__init__(history, sinks, rejects, topic, replay_s, clock)
         self.params = params
-        self.history = history
-        self.sinks = list(sinks)
-        self.rejects = rejects
-        self.topic = topic
         self.view = view
-        self.replay_ms = int(replay_s * 1000)
         self.on_decision = on_decision
         self.stats = DecideAgentStats()
-        self.wall_ns: Callable[[], int] = time.time_ns
-        self._by_partition: dict[int, Decider] = {}
-        self._sent: dict[int, set[str]] = {}
 
-    def revoke(self, partitions: Sequence[int]) -> None:
-        for p in partitions:
-            dec = self._by_partition.pop(p, None)
-            self._sent.pop(p, None)
-            if dec is not None and self.view is not None:
-                for rules in dec.workloads():  # KEDA must not read a stale answer from this worker
-                    self.view.remove(rules.namespace, rules.workload)
+    def _forget(self, partition: int, state: Decider | None) -> None:
+        if state is not None and self.view is not None:
+            for rules in state.workloads():  # KEDA must not read a stale answer from this worker
+                self.view.remove(rules.namespace, rules.workload)
 
-    async def handle(self, partition: int, offset: int, timestamp_ms: int, key: bytes | None,
-                     value: bytes | None) -> list[Decision]:
-        """One summary message; returns (and has sent) the decisions it caused."""
-        dec = self._by_partition.get(partition)
-        if dec is None:
-            dec = self._by_partition[partition] = await self._rebuild_retrying(partition, offset, timestamp_ms)
+    def _decode(self, value: bytes) -> WorkloadSample | Reject:
         try:
-            sample = decode_workload_sample(value or b"")
+            return decode_workload_sample(value)
         except WorkloadSampleDecodeError as exc:
-            self.stats.rejects += 1
             code = str(exc).split(":", 1)[0]
             reason = RejectReason(code) if code in {r.value for r in RejectReason} else RejectReason.WRONG_TYPE
-            await self._reject(Reject(reason, f"workloads message: {exc}"), key, value, partition, offset)
-            return []
-        try:
-            decisions = dec.on_sample(sample, self.wall_ns())
-        except Exception as exc:  # a bug of ours on one message must not stop the agent
-            self.stats.errors += 1
-            log.error("decider failed on %s[%d]@%d; sent to the dead-letter topic", self.topic, partition, offset,
-                      exc_info=exc)
-            await self._reject(Reject(RejectReason.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"), key, value,
-                               partition, offset)
-            return []
-        self.stats.samples += 1
-        sent = self._sent.get(partition)
-        fresh = decisions
-        if sent and decisions:
-            # Triggers already on the topic are not sent again; their rows still go to ClickHouse (the
-            # crash may have come between the two), where the table collapses repeats.
-            fresh = [d for d in decisions if d.outcome != "taken" or d.trigger.id not in sent]
-            self.stats.suppressed += len(decisions) - len(fresh)
-            sent.difference_update(d.trigger.id for d in decisions)
-        if decisions:
-            for sink in self.sinks:
-                batch = fresh if getattr(sink, "once_per_id", False) else decisions
-                if not batch:
-                    continue
-                ok, _ = await with_backoff(f"decision sink {type(sink).__name__}",
-                                           lambda s=sink, b=batch: s.send(b), self._error)  # type: ignore[misc]
-                if not ok:
-                    log.error("decision sink %s gave up on %s", type(sink).__name__,
-                              ", ".join(d.trigger.id for d in batch))
-            for d in fresh:
-                self._count(d)
-        if self.view is not None:
-            self._update_view(dec, sample.namespace, sample.workload)
-        return decisions
+            return Reject(reason, f"workloads message: {exc}")
 
-    def _count(self, d: Decision) -> None:
-        if d.outcome == "taken":
-            self.stats.taken += 1
-            self.stats.by_action[d.trigger.action] = self.stats.by_action.get(d.trigger.action, 0) + 1
-        else:
-            self.stats.withheld += 1
-        if self.on_decision is not None:
-            self.on_decision(d)
-
-    def _update_view(self, dec: Decider, namespace: str, workload: str) -> None:
-        rules = dec.rules_of(namespace, workload)
-        if rules is not None and rules.last_tick is not None:
-            assert self.view is not None
-            self.view.update(desired_of(rules))
-
-    def _error(self) -> None:
-        self.stats.errors += 1
-
-    async def _reject(self, reject: Reject, key: bytes | None, value: bytes | None, partition: int,
-                      offset: int) -> None:
-        await dead_letter(self.rejects, reject, key, value, self.topic, partition, offset)
-
-    async def _rebuild_retrying(self, partition: int, offset: int, timestamp_ms: int) -> Decider:
-        ok, dec = await with_backoff(f"partition {partition}: rebuilding decision state",
-                                     lambda: self._rebuild(partition, offset, timestamp_ms), self._error)
-        if ok and dec is not None:
-            return dec
-        log.error("partition %d: decision state not rebuilt; starting empty (no cooldown or window history)",
-                  partition)
-        self._sent[partition] = set()
+    def _fresh(self, partition: int) -> Decider:
         return Decider(self.params)
 
-    async def _rebuild(self, partition: int, offset: int, timestamp_ms: int) -> Decider:
-        dec = Decider(self.params)
-        sent, replayed = await read_history(self.history, partition, offset, timestamp_ms, self.replay_ms,
-                                            self.wall_ns() // 1_000_000)
-        self._sent[partition] = sent
-        for raw in replayed:
-            try:  # decisions dropped: made before the crash; only those that reached the topic count as taken
-                dec.on_sample(decode_workload_sample(raw), None, sent.__contains__)
-            except Exception:  # counted when it was first read
-                continue
-        self.stats.replayed += len(replayed)
-        self.stats.rebuilds += 1
-        if replayed:
-            log.info("partition %d: decision state rebuilt from %d summaries", partition, len(replayed))
-        return dec
+    def _apply(self, state: Decider, msg: WorkloadSample) -> list[Decision]:
+        return state.on_sample(msg, self.clock.wall_ns())
+
+    def _replay_one(self, partition: int, state: Decider, raw: bytes, sent: set[str]) -> None:
+        # Only the decisions whose triggers reached the topic count as taken.
+        state.on_sample(decode_workload_sample(raw), None, sent.__contains__)
+
+    def _sent_id(self, out: Decision) -> str:
+        return out.trigger.id
+
+    def _once(self, out: Decision) -> bool:
+        return out.outcome == "taken"  # only a taken decision has a trigger on the topic
+
+    def _processed(self, msg: WorkloadSample) -> None:
+        self.stats.samples += 1
+
+    def _count(self, fresh: Sequence[Decision]) -> None:
+        for d in fresh:
+            if d.outcome == "taken":
+                self.stats.taken += 1
+                self.stats.by_action[d.trigger.action] = self.stats.by_action.get(d.trigger.action, 0) + 1
+            else:
+                self.stats.withheld += 1
+            if self.on_decision is not None:
+                self.on_decision(d)
+
+    def _yielded(self, made: list[Decision], fresh: list[Decision]) -> list[Decision]:
+        return made
+
+    async def _after(self, partition: int, state: Decider, msg: WorkloadSample) -> None:
+        if self.view is not None:
+            rules = state.rules_of(msg.namespace, msg.workload)
+            if rules is not None and rules.last_tick is not None:
+                self.view.update(desired_of(rules))
 
 
 def desired_of(rules: WorkloadRules) -> Desired:

@@ -26,7 +26,6 @@ How it steps around Faust's known traps:
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -35,7 +34,9 @@ import faust
 import orjson
 
 from agents.runtime.backoff import with_backoff
-from agents.runtime.partition_agent import FrameHistory, Rejects, dead_letter, declare, read_history
+from agents.runtime.partition_agent import FrameHistory, Rejects, declare
+from agents.runtime.partition_runtime import OutputSink, PartitionCounters, PartitionRuntime
+from agents.runtime.timebase import SYSTEM_CLOCK, Clock
 from schemas.alerts import Alert, alert_key, encode_alert
 from schemas.frame_messages import FrameDecodeError, FrameMessage, decode_frame_message
 from schemas.records import Reject, RejectReason
@@ -57,99 +58,83 @@ class SummarySink(Protocol):
 
 
 @dataclass(slots=True)
-class DetectStats:
+class DetectStats(PartitionCounters):
     frames: int = 0
     alerts: int = 0
-    replayed: int = 0  # frames replayed to rebuild state
-    rebuilds: int = 0
-    suppressed: int = 0  # alerts already on the topic before a restart, not sent again
-    rejects: int = 0
-    errors: int = 0
     firing: int = 0
     by_rule: dict[str, int] = field(default_factory=dict)
 
 
-class DetectRuntime:
+class DetectRuntime(PartitionRuntime[Detectors, FrameMessage, Alert]):
     """Per-partition detectors, rebuilt on first use after an assignment; shared by the agent and tests."""
+
+    engine_noun = "detector"
+    state_noun = "detector"
+    input_noun = "frames"
+    output_noun = "alert"
+    log_each_error = False
+    stats: DetectStats
 
     def __init__(self, params: DetectParams, grid_ns: int, history: FrameHistory, sinks: Sequence[AlertSink],
                  rejects: Rejects | None, topic: str, replay_s: float = 180.0,
                  summaries: SummarySink | None = None,
-                 link_bytes_s: Callable[[str], float | None] = lambda _model: None) -> None:
+                 link_bytes_s: Callable[[str], float | None] = lambda _model: None,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        super().__init__(history, sinks, rejects, topic, replay_s, clock)
         self.params = params
         self.grid_ns = grid_ns
-        self.history = history
-        self.sinks = list(sinks)
-        self.rejects = rejects
-        self.topic = topic
-        self.replay_ms = int(replay_s * 1000)
         self.stats = DetectStats()
         self.summaries = summaries
         self.link_bytes_s = link_bytes_s
-        self._by_partition: dict[int, Detectors] = {}
         self._taps: dict[int, WorkloadTap] = {}
-        # Per partition, message ids already on the alerts topic when its state was rebuilt:
-        # frames past the last commit are processed again, and their alerts must not go twice.
-        self._sent: dict[int, set[str]] = {}
-        self._errors_logged: set[str] = set()
-        self.wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000
         self.on_frame: Callable[[FrameMessage], None] | None = None  # sees each live frame (the demo's view)
 
-    def revoke(self, partitions: Sequence[int]) -> None:
-        for p in partitions:
-            self._by_partition.pop(p, None)
-            self._taps.pop(p, None)
-            self._sent.pop(p, None)
+    def _forget(self, partition: int, state: Detectors | None) -> None:
+        self._taps.pop(partition, None)
 
-    async def handle(self, partition: int, offset: int, timestamp_ms: int, key: bytes | None,
-                     value: bytes | None) -> list[Alert]:
-        """One frames message; returns (and has sent) the alerts it caused."""
-        det = self._by_partition.get(partition)
-        if det is None:
-            det = self._by_partition[partition] = await self._rebuild_retrying(partition, offset, timestamp_ms)
+    def _decode(self, value: bytes) -> FrameMessage | Reject:
         try:
-            msg = decode_frame_message(value or b"")
+            msg = decode_frame_message(value)
         except FrameDecodeError as exc:
-            self.stats.rejects += 1
             known = exc.reason in {r.value for r in RejectReason}
-            await self._reject(Reject(RejectReason(exc.reason) if known else RejectReason.WRONG_TYPE,
-                                      f"frames message: {exc}"), key, value, partition, offset)
-            return []
+            return Reject(RejectReason(exc.reason) if known else RejectReason.WRONG_TYPE, f"frames message: {exc}")
         if self.on_frame is not None:
             self.on_frame(msg)
-        try:
-            alerts = det.on_message(msg)
-        except Exception as exc:  # a bug of ours on one message must not stop the agent
-            self.stats.errors += 1
-            what = type(exc).__name__
-            if what not in self._errors_logged:
-                self._errors_logged.add(what)
-                log.error("detector failed on %s[%d]@%d; sent to the dead-letter topic", self.topic, partition,
-                          offset, exc_info=exc)
-            await self._reject(Reject(RejectReason.INTERNAL_ERROR, f"{what}: {exc}"), key, value, partition, offset)
-            return []
+        return msg
+
+    def _fresh(self, partition: int) -> Detectors:
+        return Detectors(self.params, self.grid_ns)
+
+    def _apply(self, state: Detectors, msg: FrameMessage) -> list[Alert]:
+        return state.on_message(msg)
+
+    def _sent_id(self, out: Alert) -> str:
+        return out.message_id
+
+    def _processed(self, msg: FrameMessage) -> None:
         self.stats.frames += 1
-        sent = self._sent.get(partition)
-        fresh = alerts
-        if sent and alerts:
-            # Messages already on the topic are not sent again; their rows still go to ClickHouse (the
-            # crash may have come between the two sends), where detections collapses repeats.
-            fresh = [a for a in alerts if a.message_id not in sent]
-            self.stats.suppressed += len(alerts) - len(fresh)
-            sent.difference_update(a.message_id for a in alerts)
-        if alerts:
-            for sink in self.sinks:
-                batch = fresh if getattr(sink, "once_per_id", False) else alerts
-                if batch:
-                    await self._send(sink, batch)
-            self.stats.alerts += len(fresh)
-            for a in fresh:
-                self.stats.by_rule[a.rule] = self.stats.by_rule.get(a.rule, 0) + 1
-        alerts = fresh
+
+    def _count(self, fresh: Sequence[Alert]) -> None:
+        self.stats.alerts += len(fresh)
+        for a in fresh:
+            self.stats.by_rule[a.rule] = self.stats.by_rule.get(a.rule, 0) + 1
+
+    async def _after(self, partition: int, state: Detectors, msg: FrameMessage) -> None:
         self.stats.firing = sum(d.firing_count for d in self._by_partition.values())  # per frame: no lists
         if self.summaries is not None:
-            await self._summarise(partition, det, msg)
-        return alerts
+            await self._summarise(partition, state, msg)
+
+    def _gave_up(self, sink: OutputSink[Alert], batch: Sequence[Alert]) -> None:
+        log.error("alert sink %s gave up on %d alerts: %s", type(sink).__name__, len(batch),
+                  ", ".join(a.message_id for a in batch))
+
+    def _start_replay(self, partition: int) -> None:
+        self._taps[partition] = WorkloadTap(self.params.spike_thresholds, self.link_bytes_s)
+
+    def _replay_one(self, partition: int, state: Detectors, raw: bytes, sent: set[str]) -> None:
+        msg = decode_frame_message(raw)
+        state.on_message(msg)  # alerts dropped: sent before the crash
+        self._taps[partition].summarise(msg, state.drifting(msg.node))  # the tap only learns who held what
 
     def _tap(self, partition: int) -> WorkloadTap:
         tap = self._taps.get(partition)
@@ -171,51 +156,6 @@ class DetectRuntime:
                                        self._error)
             if not ok:
                 log.error("gave up on %d workload summaries of %s@%d", len(samples), msg.node, msg.tick_ns)
-
-    async def _reject(self, reject: Reject, key: bytes | None, value: bytes | None, partition: int,
-                      offset: int) -> None:
-        await dead_letter(self.rejects, reject, key, value, self.topic, partition, offset)
-
-    async def _send(self, sink: AlertSink, alerts: Sequence[Alert]) -> None:
-        """Hand ``alerts`` to one sink, retrying with backoff: the detector already counts them as
-        sent, so giving up would lose them; an exception leaving the agent would too (Faust acks
-        the message in flight when an agent crashes)."""
-        ok, _ = await with_backoff(f"alert sink {type(sink).__name__}", lambda: sink.send(alerts), self._error)
-        if not ok:
-            log.error("alert sink %s gave up on %d alerts: %s", type(sink).__name__, len(alerts),
-                      ", ".join(a.message_id for a in alerts))
-
-    def _error(self) -> None:
-        self.stats.errors += 1
-
-    async def _rebuild_retrying(self, partition: int, offset: int, timestamp_ms: int) -> Detectors:
-        """``_rebuild``, retried while Kafka is unreachable; never raises out of the agent."""
-        ok, det = await with_backoff(f"partition {partition}: rebuilding detector state",
-                                     lambda: self._rebuild(partition, offset, timestamp_ms), self._error)
-        if ok and det is not None:
-            return det
-        # Without history: detect from here on, and say so (alerts of the lost window may repeat).
-        log.error("partition %d: detector state not rebuilt; starting empty", partition)
-        self._sent[partition] = set()
-        return Detectors(self.params, self.grid_ns)
-
-    async def _rebuild(self, partition: int, offset: int, timestamp_ms: int) -> Detectors:
-        det = Detectors(self.params, self.grid_ns)
-        self._sent[partition], replayed = await read_history(self.history, partition, offset, timestamp_ms,
-                                                             self.replay_ms, self.wall_ms())
-        tap = self._taps[partition] = WorkloadTap(self.params.spike_thresholds, self.link_bytes_s)
-        for raw in replayed:
-            try:
-                msg = decode_frame_message(raw)
-                det.on_message(msg)  # alerts dropped: sent before the crash
-                tap.summarise(msg, det.drifting(msg.node))  # summaries too: the tap only learns who held what
-            except Exception:  # counted when it was first read; a replay only rebuilds state
-                continue
-        self.stats.replayed += len(replayed)
-        self.stats.rebuilds += 1
-        if replayed:
-            log.info("partition %d: detector state rebuilt from %d frames", partition, len(replayed))
-        return det
 
 
 class KafkaSummarySink:

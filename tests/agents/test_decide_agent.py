@@ -13,6 +13,7 @@ from agents.decide.agent import DecideRuntime, install
 from agents.decide.scale_view import ScaleView
 from agents.detect.agent import DetectRuntime
 from agents.detect.agent import install as install_detect
+from agents.runtime.timebase import ManualClock
 from schemas.frame_messages import encode_frame_message
 from schemas.workload_samples import WorkloadSample, encode_workload_sample
 from streams.decide.rules import Decision
@@ -43,20 +44,20 @@ class KafkaLike(Sink):
     once_per_id = True  # as KafkaTriggerSink: leaves out what the topic already holds
 
 
-def make(history: History) -> tuple[Any, DecideRuntime, Sink, Letters, list[int]]:
+def make(history: History) -> tuple[Any, DecideRuntime, Sink, Letters, ManualClock]:
     app = faust.App("flopwatch-decide-test", broker="kafka://127.0.0.1:1", store="memory://", value_serializer="raw",
                     key_serializer="raw", autodiscover=False, web_enabled=False)
     topic = app.topic("flopwatch.workloads", key_type=bytes, value_type=bytes)
     sink, letters = Sink(), Letters()
-    runtime = DecideRuntime(SC.params, history, [sink], letters, "flopwatch.workloads", view=ScaleView())
-    clock = [0]
-    runtime.wall_ns = lambda: clock[0]  # the worker reads each summary 2 s after its tick ends, as in the sim
+    clock = ManualClock()
+    runtime = DecideRuntime(SC.params, history, [sink], letters, "flopwatch.workloads", view=ScaleView(), clock=clock)
     return install(app, runtime, topic), runtime, sink, letters, clock
 
 
-async def put_all(agent: Any, samples: list[WorkloadSample], clock: list[int]) -> None:
+async def put_all(agent: Any, samples: list[WorkloadSample], clock: ManualClock) -> None:
     for s in samples:
-        clock[0] = s.tick_ns + s.grid_ns + 2 * S
+        # The worker reads each summary 2 s after its tick ends, as in the sim.
+        clock.advance(s.tick_ns + s.grid_ns + 2 * S - clock.wall_ns())
         await agent.put(value=encode_workload_sample(s), key=s.key, partition=0, timestamp=s.tick_ns / 1e9)
 
 
