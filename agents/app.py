@@ -41,6 +41,7 @@ from agents.runtime.timebase import SYSTEM_CLOCK
 from agents.settings import Settings
 from agents.sinks.deadletter import DeadLetter
 from agents.web import WebOptions, install_web
+from streams.decide.engine import DecisionTally
 from streams.decide.rules import Decision
 
 
@@ -126,11 +127,12 @@ def create_app(settings: Settings, on_flush: Callable[[IngestStats], None] | Non
         if runtime is not None:  # one progress line for the whole worker
             d = runtime.stats
             metrics.observe_detect(d)
-            st.detect = {"frames": d.frames, "alerts": d.alerts, "firing": d.firing, "rebuilds": d.rebuilds,
+            st.detect = {"frames": d.frames, "alerts": d.alerts.total, "firing": d.firing, "rebuilds": d.rebuilds,
                          "replayed": d.replayed, "rejects": d.rejects, "errors": d.errors}
         if deciding is not None:
             c = deciding.stats
-            st.detect = {**st.detect, "summaries": c.samples, "triggers": c.taken, "withheld": c.withheld,
+            st.detect = {**st.detect, "summaries": c.samples, "triggers": c.decisions.total("taken"),
+                         "withheld": c.decisions.total("withheld"),
                          "decide_rebuilds": c.rebuilds, "decide_errors": c.errors}
         if on_flush is not None:
             on_flush(st)
@@ -181,12 +183,16 @@ def decide_runtime(settings: Settings, app: faust.App, ingestor: Ingestor, view:
     triggers_topic = app.flopwatch_topics[names.triggers]  # type: ignore[attr-defined]
     sinks: list[DecisionSink] = [KafkaTriggerSink(triggers_topic), ClickHouseDecisions(ingestor.on_clickhouse)]
     history = KafkaFrameHistory(settings, names.workloads, names.triggers, id_of=trigger_id_of)
-    return DecideRuntime(settings.decide_params(), history, sinks, DeadLetter(SampleProducer(settings), names.dlq),
-                         names.workloads, view=view, replay_s=settings.decide_replay_s,
-                         on_decision=lambda d: record_decision(metrics, d))
+
+    def observed(d: Decision) -> None:  # per decision, so /metrics follows at once and not on the next flush
+        observe_decision(metrics, runtime.stats.decisions, d)
+
+    runtime = DecideRuntime(settings.decide_params(), history, sinks, DeadLetter(SampleProducer(settings), names.dlq),
+                            names.workloads, view=view, replay_s=settings.decide_replay_s, on_decision=observed)
+    return runtime
 
 
-def record_decision(metrics: Metrics, d: Decision) -> None:
-    metrics.record_decision(d.trigger.action, d.outcome, d.gate)
+def observe_decision(metrics: Metrics, tally: DecisionTally, d: Decision) -> None:
+    metrics.observe_decisions(tally)
     if d.outcome == "taken":  # wall clock from the end of the deciding tick to the trigger's send
         metrics.observe_delay("trigger", max(0.0, (time.time_ns() - d.trigger.ts_ns) / 1e9))

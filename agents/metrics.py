@@ -1,10 +1,10 @@
 """flopwatch's own Prometheus figures, served by the worker at ``/metrics`` (``agents.web``).
 
-The ingest and the detection agent keep running totals (``IngestStats``, ``DetectStats``);
-``observe_ingest`` and ``observe_detect`` turn them into counter increments by remembering
-what they saw last. A total that went down (a fresh stats object after a restart of the
-ingest) counts as a reset, as Prometheus' ``rate()`` treats one: its new value is the
-increase. Counters therefore never go back.
+The ingest and the detection and decision agents keep running totals (``IngestStats``,
+``DetectStats``, ``DecisionTally``); ``observe_ingest``, ``observe_detect`` and
+``observe_decisions`` turn them into counter increments by remembering what they saw last. A
+total that went down (a fresh stats object after a restart of the ingest) counts as a reset,
+as Prometheus' ``rate()`` treats one: its new value is the increase. Counters therefore never go back.
 
 Each ``Metrics`` owns its ``CollectorRegistry`` rather than using the process-wide default,
 so tests (and a demo next to a worker) can build several without name clashes.
@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # types only: importing the agents would pull River and Kafka
     from agents.detect.agent import DetectStats
     from agents.ingest.core import IngestStats
     from schemas.alerts import Alert
+    from streams.decide.engine import DecisionTally
 
 __all__ = ["DELAY_BUCKETS_S", "OUTCOMES", "AlertDelays", "Metrics"]
 
@@ -94,6 +95,7 @@ class Metrics:
                                buckets=DELAY_BUCKETS_S, registry=r)
         self._ingest = _Totals()
         self._detect = _Totals()
+        self._decide = _Totals()
 
     # -- running totals ------------------------------------------------------------------
     def observe_ingest(self, stats: IngestStats) -> None:
@@ -109,16 +111,21 @@ class Metrics:
         self.detect_frames.inc(self._detect.delta("frames", stats.frames))
         self.detect_rejects.inc(self._detect.delta("rejects", stats.rejects + stats.errors))
         self.alerts_firing.set(stats.firing)
-        _by_label(self.alerts_sent, self._detect, "rule:", stats.by_rule)
+        _by_label(self.alerts_sent, self._detect, "rule:", stats.alerts.by_rule)
+
+    def observe_decisions(self, tally: DecisionTally) -> None:
+        """Take the decision agent's totals: per action, outcome (``taken`` or ``withheld``) and the gate that
+        withheld it."""
+        for (action, outcome, gate), total in tally.by_kind.items():
+            if outcome not in OUTCOMES:
+                raise ValueError(f"decision outcome {outcome!r}: expected one of {', '.join(OUTCOMES)}")
+            if not action:
+                raise ValueError("decision action must not be empty")
+            step = self._decide.delta(f"{action}\0{outcome}\0{gate}", total)
+            if step:
+                self.decisions.labels(action=action, outcome=outcome, gate=gate or NO_GATE).inc(step)
 
     # -- events --------------------------------------------------------------------------
-    def record_decision(self, action: str, outcome: str, gate: str | None) -> None:
-        """One scale decision: ``outcome`` is ``taken`` or ``withheld``; ``gate`` names what withheld it."""
-        if outcome not in OUTCOMES:
-            raise ValueError(f"decision outcome {outcome!r}: expected one of {', '.join(OUTCOMES)}")
-        if not action:
-            raise ValueError("decision action must not be empty")
-        self.decisions.labels(action=action, outcome=outcome, gate=gate or NO_GATE).inc()
 
     def observe_delay(self, kind: str, seconds: float) -> None:
         """How long (event time) from a rule's onset to its alert or trigger, e.g. ``kind="alert"``."""

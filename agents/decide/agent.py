@@ -39,7 +39,7 @@ from agents.runtime.timebase import SYSTEM_CLOCK, Clock
 from schemas.records import Reject, RejectReason
 from schemas.triggers import encode_trigger
 from schemas.workload_samples import WorkloadSample, WorkloadSampleDecodeError, decode_workload_sample
-from streams.decide.engine import Decider
+from streams.decide.engine import Decider, DecisionTally
 from streams.decide.params import DecideParams
 from streams.decide.rules import Decision, WorkloadRules
 
@@ -53,9 +53,7 @@ class DecisionSink(Protocol):
 @dataclass(slots=True)
 class DecideAgentStats(PartitionCounters):
     samples: int = 0
-    taken: int = 0
-    withheld: int = 0
-    by_action: dict[str, int] = field(default_factory=dict)
+    decisions: DecisionTally = field(default_factory=DecisionTally)  # those sent: replayed and suppressed are not
 
 
 class DecideRuntime(PartitionRuntime[Decider, WorkloadSample, Decision]):
@@ -110,13 +108,9 @@ class DecideRuntime(PartitionRuntime[Decider, WorkloadSample, Decision]):
         self.stats.samples += 1
 
     def _count(self, fresh: Sequence[Decision]) -> None:
-        for d in fresh:
-            if d.outcome == "taken":
-                self.stats.taken += 1
-                self.stats.by_action[d.trigger.action] = self.stats.by_action.get(d.trigger.action, 0) + 1
-            else:
-                self.stats.withheld += 1
-            if self.on_decision is not None:
+        self.stats.decisions.count(fresh)
+        if self.on_decision is not None:
+            for d in fresh:
                 self.on_decision(d)
 
     def _yielded(self, made: list[Decision], fresh: list[Decision]) -> list[Decision]:

@@ -41,7 +41,7 @@ from schemas.alerts import Alert, alert_key, encode_alert
 from schemas.frame_messages import FrameDecodeError, FrameMessage, decode_frame_message
 from schemas.records import Reject, RejectReason
 from schemas.workload_samples import WorkloadSample, encode_workload_sample
-from streams.detect.detectors import Detectors, DetectParams
+from streams.detect.detectors import AlertTally, Detectors, DetectParams
 from streams.detect.workload_tap import WorkloadTap
 
 log = logging.getLogger(__name__)
@@ -60,9 +60,8 @@ class SummarySink(Protocol):
 @dataclass(slots=True)
 class DetectStats(PartitionCounters):
     frames: int = 0
-    alerts: int = 0
     firing: int = 0
-    by_rule: dict[str, int] = field(default_factory=dict)
+    alerts: AlertTally = field(default_factory=AlertTally)  # those sent: the replayed and suppressed are not
 
 
 class DetectRuntime(PartitionRuntime[Detectors, FrameMessage, Alert]):
@@ -115,9 +114,7 @@ class DetectRuntime(PartitionRuntime[Detectors, FrameMessage, Alert]):
         self.stats.frames += 1
 
     def _count(self, fresh: Sequence[Alert]) -> None:
-        self.stats.alerts += len(fresh)
-        for a in fresh:
-            self.stats.by_rule[a.rule] = self.stats.by_rule.get(a.rule, 0) + 1
+        self.stats.alerts.count(fresh)
 
     async def _after(self, partition: int, state: Detectors, msg: FrameMessage) -> None:
         self.stats.firing = sum(d.firing_count for d in self._by_partition.values())  # per frame: no lists

@@ -38,14 +38,38 @@ from streams.decide.window import TokenBucket
 
 
 @dataclass(slots=True)
+class DecisionTally:
+    """Decisions by (action, outcome, gate): the one count behind the engine's stats, the agent's
+    progress line and ``flopwatch_decisions_total``.
+
+    >>> t = DecisionTally()
+    >>> t.add("scale_up", "taken", None); t.add("scale_down", "withheld", "l1_spike")
+    >>> (t.total("taken"), t.total("withheld"), t.by_kind[("scale_down", "withheld", "l1_spike")])
+    (1, 1, 1)
+    """
+
+    by_kind: dict[tuple[str, str, str], int] = field(default_factory=dict)  # gate "" when none held it
+
+    def add(self, action: str, outcome: str, gate: str | None) -> None:
+        k = (action, outcome, gate or "")
+        self.by_kind[k] = self.by_kind.get(k, 0) + 1
+
+    def count(self, decisions: Iterable[Decision]) -> None:
+        for d in decisions:
+            self.add(d.trigger.action, d.outcome, d.gate)
+
+    def total(self, outcome: str) -> int:
+        return sum(n for (_, o, _), n in self.by_kind.items() if o == outcome)
+
+
+@dataclass(slots=True)
 class DecideStats:
     samples: int = 0
     duplicates: int = 0  # a (workload, node, tick) seen before: a replayed summary
     late: int = 0  # arrived after its tick was evaluated
     ticks: int = 0
     stale_ticks: int = 0
-    taken: dict[str, int] = field(default_factory=dict)
-    withheld: dict[str, int] = field(default_factory=dict)  # by gate
+    decisions: DecisionTally = field(default_factory=DecisionTally)
 
 
 @dataclass(slots=True)
@@ -132,12 +156,7 @@ class Decider:
         self.stats.ticks += 1
         self.stats.stale_ticks += stale is not None
         decisions = w.rules.step(t, self.bucket)
-        for d in decisions:
-            if d.outcome == "taken":
-                self.stats.taken[d.trigger.action] = self.stats.taken.get(d.trigger.action, 0) + 1
-            else:
-                gate = d.gate or ""
-                self.stats.withheld[gate] = self.stats.withheld.get(gate, 0) + 1
+        self.stats.decisions.count(decisions)
         return decisions
 
 

@@ -36,7 +36,7 @@ is ignored, so at-least-once delivery of frames never doubles an alert.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -69,6 +69,22 @@ class DetectParams:
     max_nodes: int = 100_000
 
 
+@dataclass(slots=True)
+class AlertTally:
+    """Alert messages by rule: the one count behind the engine's stats, the agent's progress line and
+    ``flopwatch_alerts_sent_total``."""
+
+    by_rule: dict[str, int] = field(default_factory=dict)
+
+    def count(self, alerts: Iterable[Alert]) -> None:
+        for a in alerts:
+            self.by_rule[a.rule] = self.by_rule.get(a.rule, 0) + 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_rule.values())
+
+
 def context_of(labels: Mapping[str, Any]) -> str:
     """The workload identity a baseline belongs to."""
     return "/".join(str(labels.get(k, "")) for k in ("namespace", "workload", "pod", "precision"))
@@ -83,6 +99,7 @@ class Detectors:
         self.drift = DriftBank(params.drift, grid_ns, max_entities=params.max_nodes * 16)
         self._last_tick: OrderedDict[str, int] = OrderedDict()
         self._open: dict[tuple[str, str, str], Alert] = {}  # (rule, node, gpu) -> its firing message
+        self.stats = AlertTally()
 
     def on_message(self, m: FrameMessage) -> list[Alert]:
         last = self._last_tick.get(m.node)
@@ -99,6 +116,7 @@ class Detectors:
                 continue
             out += self._spikes(m, g)
             out += self._drift(m, g)
+        self.stats.count(out)
         return out
 
     @property

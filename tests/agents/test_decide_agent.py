@@ -16,6 +16,7 @@ from agents.detect.agent import install as install_detect
 from agents.runtime.timebase import ManualClock
 from schemas.frame_messages import encode_frame_message
 from schemas.workload_samples import WorkloadSample, encode_workload_sample
+from streams.decide.engine import DecisionTally
 from streams.decide.rules import Decision
 from streams.decide.sim import SCENARIOS, run_scenario
 from streams.detect.detectors import DetectParams
@@ -72,6 +73,10 @@ async def _decides_as_in_process() -> None:
         await put_all(tc, samples, clock)
     assert [d.trigger for d in sink.decisions] == [d.trigger for d in expected]
     assert [d.trigger.action for d in sink.decisions if d.outcome == "taken"] == ["scale_down", "rollback"]
+    # The agent's tally is the engine's kind of count, of what it sent: the same as a tally of the sink.
+    sent = DecisionTally()
+    sent.count(sink.decisions)
+    assert runtime.stats.decisions == sent and sent.total("taken") == 2
     view = runtime.view.get("serving", "chat") if runtime.view else None
     assert view is not None and view.desired == 4 and view.decision_id == expected[-2].trigger.id
 

@@ -101,7 +101,7 @@ async def _a_held_drop_fires_once_and_resolves_once() -> None:
     assert drift[0].onset_ts_ns == T0 + 70 * GRID and drift[0].id == drift[1].id
     assert drift[0].ts_ns == T0 + 73 * GRID  # end of the third tick below: held for 3 s
     assert drift[0].workload == "llm" and drift[0].namespace == "ml"
-    assert runtime.stats.frames == 120
+    assert runtime.stats.frames == 120 and runtime.stats.alerts.total == len(sink.alerts)
 
 
 def test_short_dips_and_replayed_duplicates_do_not_alert() -> None:

@@ -24,6 +24,7 @@ from agents.decide.scale_view import Desired, ScaleView
 from agents.metrics import Metrics
 from agents.settings import SettingsError, load_settings
 from agents.web import WebOptions, install_web
+from streams.decide.engine import DecisionTally
 
 T = TypeVar("T")
 SCALED_OBJECT = Path(__file__).resolve().parents[2] / "deploy/k8s/keda-scaledobject.yaml"
@@ -173,7 +174,9 @@ def test_keda_lists_every_workload_and_nan_is_null() -> None:
 
 def test_metrics_page_is_the_prometheus_text_exposition() -> None:
     async def check(base: str, metrics: Metrics, view: ScaleView, http: aiohttp.ClientSession) -> None:
-        metrics.record_decision("scale_down", "withheld", "sla")
+        decisions = DecisionTally()
+        decisions.add("scale_down", "withheld", "sla")
+        metrics.observe_decisions(decisions)
         async with http.get(f"{base}/metrics") as r:
             assert r.status == 200
             assert r.headers["Content-Type"] == metrics.render()[1]

@@ -29,6 +29,8 @@ from agents.detect.agent import DetectStats
 from agents.ingest.core import IngestStats
 from agents.metrics import Metrics
 from agents.web import WebOptions, install_web
+from streams.decide.engine import DecisionTally
+from streams.detect.detectors import AlertTally
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -134,12 +136,14 @@ def test_prometheus_scrapes_the_worker_metrics_page(service_env: dict[str, str])
     metrics = Metrics()
     install_web(app, metrics, ScaleView())
 
+    decisions = DecisionTally()
     for _ in range(3):
-        metrics.record_decision("scale_up", "taken", None)
+        decisions.add("scale_up", "taken", None)
     for _ in range(2):
-        metrics.record_decision("scale_down", "withheld", "l1_spike")
+        decisions.add("scale_down", "withheld", "l1_spike")
+    metrics.observe_decisions(decisions)
     ingest = IngestStats(samples=4321, frames_written=17, rejects=Counter({"late": 3}), lag=5)
-    detect = DetectStats(frames=40, alerts=1, firing=2, by_rule={"efficiency_drift": 1})
+    detect = DetectStats(frames=40, firing=2, alerts=AlertTally({"efficiency_drift": 1}))
     metrics.observe_ingest(ingest)
     metrics.observe_detect(detect)
     metrics.observe_delay("alert", 3.25)
@@ -159,10 +163,11 @@ def test_prometheus_scrapes_the_worker_metrics_page(service_env: dict[str, str])
                 assert first["flopwatch_decisions_total:scale_up"] == 3
 
                 # The figures move; the next scrapes must follow (counters up, gauges either way).
-                metrics.record_decision("scale_up", "taken", None)
+                decisions.add("scale_up", "taken", None)
+                metrics.observe_decisions(decisions)
                 ingest.samples, ingest.lag = 9000, 0
                 ingest.rejects["late"] += 2
-                detect.firing, detect.by_rule["efficiency_drift"] = 0, 2
+                detect.firing, detect.alerts.by_rule["efficiency_drift"] = 0, 2
                 metrics.observe_ingest(ingest)
                 metrics.observe_detect(detect)
                 metrics.observe_delay("alert", 0.5)

@@ -14,6 +14,15 @@ from agents.detect.agent import DetectStats
 from agents.ingest.core import IngestStats
 from agents.metrics import DELAY_BUCKETS_S, AlertDelays, Metrics
 from schemas.alerts import make_alert
+from streams.decide.engine import DecisionTally
+from streams.detect.detectors import AlertTally
+
+
+def tally(*kinds: tuple[str, str, str | None]) -> DecisionTally:
+    t = DecisionTally()
+    for action, outcome, gate in kinds:
+        t.add(action, outcome, gate)
+    return t
 
 
 def value(m: Metrics, name: str, **labels: str) -> float | None:
@@ -67,10 +76,10 @@ def test_every_reject_reason_starts_at_zero() -> None:
 
 def test_detect_totals_and_firing() -> None:
     m = Metrics(process=False)
-    d = DetectStats(frames=5, alerts=2, firing=1, rejects=1, errors=1, by_rule={"efficiency_drift": 2})
+    d = DetectStats(frames=5, firing=1, rejects=1, errors=1, alerts=AlertTally({"efficiency_drift": 2}))
     m.observe_detect(d)
-    d.frames, d.firing, d.alerts = 9, 0, 3
-    d.by_rule["util_spike"] = 1
+    d.frames, d.firing = 9, 0
+    d.alerts.by_rule["util_spike"] = 1
     m.observe_detect(d)
     assert value(m, "flopwatch_detect_frames_total") == 9
     assert value(m, "flopwatch_detect_rejects_total") == 2  # undecodable plus detector failures
@@ -81,15 +90,18 @@ def test_detect_totals_and_firing() -> None:
 
 def test_decisions_by_action_outcome_and_gate() -> None:
     m = Metrics(process=False)
-    m.record_decision("scale_up", "taken", None)
-    m.record_decision("scale_up", "taken", None)
-    m.record_decision("scale_down", "withheld", "l1_spike")
+    t = tally(("scale_up", "taken", None), ("scale_up", "taken", None), ("scale_down", "withheld", "l1_spike"))
+    m.observe_decisions(t)
+    m.observe_decisions(t)  # the same totals again add nothing
     assert value(m, "flopwatch_decisions_total", action="scale_up", outcome="taken", gate="none") == 2
     assert value(m, "flopwatch_decisions_total", action="scale_down", outcome="withheld", gate="l1_spike") == 1
+    t.add("scale_up", "taken", None)
+    m.observe_decisions(t)
+    assert value(m, "flopwatch_decisions_total", action="scale_up", outcome="taken", gate="none") == 3
     with pytest.raises(ValueError, match="outcome"):
-        m.record_decision("scale_up", "done", None)
+        m.observe_decisions(tally(("scale_up", "done", None)))
     with pytest.raises(ValueError, match="action"):
-        m.record_decision("", "taken", None)
+        m.observe_decisions(tally(("", "taken", None)))
 
 
 def test_delay_histogram_in_seconds() -> None:
@@ -111,8 +123,8 @@ def test_delay_histogram_in_seconds() -> None:
 def test_render_parses_back_to_the_same_values() -> None:
     m = Metrics()
     m.observe_ingest(IngestStats(samples=12345, frames_written=99, rejects=Counter({"too_old": 3}), lag=42))
-    m.observe_detect(DetectStats(frames=7, firing=2, by_rule={"sm_spike": 4}))
-    m.record_decision("rebalance", "taken", None)
+    m.observe_detect(DetectStats(frames=7, firing=2, alerts=AlertTally({"sm_spike": 4})))
+    m.observe_decisions(tally(("rebalance", "taken", None)))
     m.observe_delay("alert", 1.5)
     body, content_type = m.render()
     assert content_type.startswith("text/plain") and "version=" in content_type
@@ -134,7 +146,7 @@ def test_render_parses_back_to_the_same_values() -> None:
 
 def test_each_metrics_object_has_its_own_registry() -> None:
     a, b = Metrics(), Metrics()  # the same names twice: no clash, as there would be in the default registry
-    a.record_decision("scale_up", "taken", None)
+    a.observe_decisions(tally(("scale_up", "taken", None)))
     assert value(a, "flopwatch_decisions_total", action="scale_up", outcome="taken", gate="none") == 1
     assert value(b, "flopwatch_decisions_total", action="scale_up", outcome="taken", gate="none") is None
 
