@@ -4,18 +4,9 @@ One frame is one GPU (or a node's ``host`` pseudo-GPU) x one grid tick, holding
 every sensor's aggregate by the catalog's rule plus the per-sensor sample count
 (``streams.align.aggregate``).
 
-A node's watermark is the *minimum* over the streams that hold it of the newest
-event time each has delivered, minus the allowed lateness: the node's own series
-(gpu x sensor) and the sources (Kafka topic-partitions) of the aligner. Using the
-minimum rather than the maximum matters: the 23 sensors travel on 23 topics that a
-consumer drains at different speeds, and a batch message can move one series ten
-seconds ahead at once; the minimum closes a cell only when every stream has moved
-past it. Which streams hold, and for how long, is one rule (``streams.align.holds``): a
-stream that has fallen behind holds until it has been quiet for ``idle_ns`` on its
-source's quiet clock, so a GPU that died cannot stall its node forever, while a
-topic whose part of a burst lands a moment after the others still finds its cells
-open. A node whose series have all been quiet that long has its cells written, so
-the tail of a run is written too.
+A node's watermark and when its cells close (``streams.align.watermark``): the minimum over
+the streams that hold it (``streams.align.holds``) of the newest event time each has
+delivered, minus the allowed lateness. Names become dense ids in ``streams.align.registry``.
 
 Every sample carries its source position (an opaque source id and an offset).
 ``oldest_positions()`` tells, per source, the oldest position still held by an
@@ -46,7 +37,8 @@ from schemas.records import Labels
 from streams.align.aggregate import F64, I64, Frame, FrameBatch, aggregate
 from streams.align.correction import Correction, to_utc
 from streams.align.grid import Advance, AlignParams, LateSamples, Recovered
-from streams.align.holds import QuietStreams
+from streams.align.registry import StreamRegistry
+from streams.align.watermark import NO_TS, BoolArr, Fronts, close_before
 
 __all__ = [
     "COUNT_COLUMNS",
@@ -60,8 +52,6 @@ __all__ = [
     "LateSamples",
     "Recovered",
 ]
-_NO_TS: Final = -(2**62)
-BoolArr = npt.NDArray[np.bool_]
 N_SENSORS: Final = len(CATALOG)
 
 
@@ -97,29 +87,8 @@ class GridAligner:
         self.params = params
         self._grid = params.grid_ns
         self._recovered = recovered or Recovered()
-        # Registries: names to dense ids, so per-sample data is integers in arrays.
-        self._nodes: dict[str, int] = {}
-        self._node_names: list[str] = []
-        self._node_closed: list[int] = []  # ticks below this are final, per node
-        self._pairs: dict[tuple[str, str], int] = {}
-        self._pair_names: list[tuple[str, str]] = []
-        self._series: dict[tuple[int, str, int], int] = {}  # (node id, gpu, sensor) -> series id
-        self._s_node: list[int] = []
-        self._s_pair: list[int] = []
-        self._s_sensor: list[int] = []
-        self._s_src: list[int] = []  # the source a series arrives on (its first)
-        self._series_max: I64 = _empty_i64()
-        self._series_quiet = QuietStreams()
-        self._labels: dict[int, Labels] = {}
-        self._counter_prev: dict[int, float] = {}
-        self._sources: dict[Hashable, int] = {}
-        self._source_keys: list[Hashable] = []
-        self._src_front: I64 = _empty_i64()  # per source, the newest first stamp of its messages
-        self._src_newest: I64 = _empty_i64()  # per source, the newest event time it delivered
-        self._source_quiet = QuietStreams()
-        # Series and sources that delivered since the last advance (their quiet time restarts).
-        self._touched_sid: list[I64] = []
-        self._touched_src: list[I64] = []
+        self._reg = StreamRegistry()
+        self._fronts = Fronts()
         # Input since the last advance: flat samples plus one entry per add call.
         self._p_ts = array("q")
         self._p_v = array("d")
@@ -129,7 +98,6 @@ class GridAligner:
         self._p_pos: list[int] = []
         self._p_fix: list[tuple[int, Correction]] = []  # (message index, its clock correction)
         self._late_store: list[LateSamples] = []  # late samples found outside advance()
-        self._arrays: dict[str, I64] = {}  # cache of _arr()
         self._held: tuple[BoolArr, BoolArr] | None = None  # who held at the last advance
         # Samples of open cells.
         self._o_sid: I64 = _empty_i64()
@@ -142,48 +110,20 @@ class GridAligner:
 
     # -- input ---------------------------------------------------------------------------
     def _node_id(self, node: str) -> int:
-        nid = self._nodes.get(node)
-        if nid is None:
-            nid = self._nodes[node] = len(self._node_names)
-            self._node_names.append(node)
-            boundary = self._recovered.boundaries.get(node)
-            self._node_closed.append(_NO_TS if boundary is None else boundary // self._grid + 1)
-        return nid
+        boundary = self._recovered.boundaries.get(node)
+        return self._reg.add_node(node, NO_TS if boundary is None else boundary // self._grid + 1)
 
     def _source_id(self, source: Hashable) -> int:
-        src = self._sources.get(source)
-        if src is None:
-            src = self._sources[source] = len(self._source_keys)
-            self._source_keys.append(source)
-            grown = np.full((2, len(self._source_keys)), _NO_TS, np.int64)
-            grown[0, : len(self._src_front)] = self._src_front
-            grown[1, : len(self._src_newest)] = self._src_newest
-            self._src_front, self._src_newest = grown[0].copy(), grown[1].copy()
-            self._source_quiet.grow(len(self._source_keys))
+        src = self._reg.add_source(source)
+        self._fronts.grow_sources(len(self._reg.source_keys))
         return src
 
     def expect(self, sources: Sequence[Hashable]) -> None:
         """Sources that will deliver (an assignment's topic-partitions): until each has
         delivered or counts as idle, it holds every node's watermark back."""
         for source in sources:
-            self._source_id(source)
-
-    def _series_id(self, nid: int, node: str, gpu: str, sensor_index: int, src: int) -> int:
-        sid = self._series.get((nid, gpu, sensor_index))
-        if sid is None:
-            sid = self._series[(nid, gpu, sensor_index)] = len(self._s_node)
-            pid = self._pairs.get((node, gpu))
-            if pid is None:
-                pid = self._pairs[(node, gpu)] = len(self._pair_names)
-                self._pair_names.append((node, gpu))
-            self._s_node.append(nid)
-            self._s_pair.append(pid)
-            self._s_sensor.append(sensor_index)
-            self._s_src.append(src)
-            prev = self._recovered.counters.get((node, gpu, sensor_index))
-            if prev is not None:
-                self._counter_prev[sid] = prev
-        return sid
+            if source not in self._reg.sources:
+                self._source_id(source)
 
     def add(self, node: str, gpu: str, sensor_index: int, ts_ns: Sequence[int], values: Sequence[float],
             labels: Labels | None = None, source: Hashable = None, position: int = 0,
@@ -193,17 +133,19 @@ class GridAligner:
         ``correction`` maps the samples' clock-domain times onto UTC (applied to the whole
         poll at once in ``advance``); without it the times are UTC already.
         """
-        nid = self._nodes.get(node)
+        reg = self._reg
+        nid = reg.nodes.get(node)
         if nid is None:
             nid = self._node_id(node)
-        src = self._sources.get(source)
+        src = reg.sources.get(source)
         if src is None:
             src = self._source_id(source)
-        sid = self._series.get((nid, gpu, sensor_index))
+        sid = reg.series.get((nid, gpu, sensor_index))
         if sid is None:
-            sid = self._series_id(nid, node, gpu, sensor_index, src)
+            sid = reg.add_series(nid, node, gpu, sensor_index, src,
+                                 self._recovered.counters.get((node, gpu, sensor_index)))
         if labels is not None:
-            self._labels[self._s_pair[sid]] = labels
+            reg.labels[reg.s_pair[sid]] = labels
         n = len(self._p_ts)
         try:
             self._p_ts.extend(ts_ns)
@@ -238,40 +180,27 @@ class GridAligner:
         msg_src, msg_pos = self._p_src, self._p_pos
         self._p_ts, self._p_v = array("q"), array("d")
         self._p_sid, self._p_len, self._p_src, self._p_pos, self._p_fix = [], [], [], [], []
-        if len(self._series_max) < len(self._s_node):
-            grown = np.full(len(self._s_node), _NO_TS, np.int64)
-            grown[: len(self._series_max)] = self._series_max
-            self._series_max = grown
-        self._touched_sid.append(msg_sids)
-        self._touched_src.append(msg_srcs)
-        # A source's frontier is the newest *first* stamp of its messages: a collector sends a
-        # batch once its samples exist, so another series' message that follows on the same
-        # topic-partition starts no earlier than that, minus the lateness, however long the batches.
-        full = lens > 0
-        if full.all():
-            np.maximum.at(self._src_front, msg_srcs, np.minimum.reduceat(ts, np.cumsum(lens) - lens))
-        elif full.any():
-            firsts = np.minimum.reduceat(ts, (np.cumsum(lens) - lens)[full])
-            np.maximum.at(self._src_front, msg_srcs[full], firsts)
+        reg, fronts = self._reg, self._fronts
+        fronts.grow_series(len(reg.s_node))
+        fronts.received(msg_sids, msg_srcs, lens, ts)
         tick = ts // self._grid
-        closed = np.array(self._node_closed, np.int64)[self._arr("_s_node")[sid]]
+        closed = np.array(reg.node_closed, np.int64)[reg.arr("s_node")[sid]]
         late = tick < closed
         out: list[LateSamples] = []
         if late.any():
             starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
             idx = np.flatnonzero(late)
             msg = np.searchsorted(starts, idx, side="right") - 1
-            disorder = self._series_max[sid[idx]] - ts[idx] > self.params.allowed_lateness_ns
+            disorder = fronts.series_max[sid[idx]] - ts[idx] > self.params.allowed_lateness_ns
             for m in np.unique(msg).tolist():
                 mine = msg == m
                 rel = (idx[mine] - starts[m]).tolist()
                 why = "disorder" if bool(disorder[mine][0]) else "idle"
-                out.append(LateSamples(self._source_keys[msg_src[m]], msg_pos[m], rel, int(lens[m]), why))
+                out.append(LateSamples(reg.source_keys[msg_src[m]], msg_pos[m], rel, int(lens[m]), why))
             keep = ~late
             ts, v, sid, src, pos, tick = ts[keep], v[keep], sid[keep], src[keep], pos[keep], tick[keep]
             unc = unc[keep]
-        np.maximum.at(self._series_max, sid, ts)
-        np.maximum.at(self._src_newest, src, ts)
+        fronts.placed(sid, src, ts)
         self._o_sid = np.concatenate((self._o_sid, sid))
         self._o_tick = np.concatenate((self._o_tick, tick))
         self._o_ts = np.concatenate((self._o_ts, ts))
@@ -281,67 +210,21 @@ class GridAligner:
         self._o_unc = np.concatenate((self._o_unc, unc))
         return out
 
-    def _arr(self, name: str) -> I64:
-        """A series registry list as an array, rebuilt only when series were added."""
-        cached = self._arrays.get(name)
-        if cached is None or len(cached) != len(self._s_node):
-            cached = self._arrays[name] = np.array(getattr(self, name), np.int64)
-        return cached
-
     # -- output --------------------------------------------------------------------------
     def watermark(self, node: str) -> int | None:
         """Event time up to which the node's cells are final (None before any input), as of the
         last ``advance`` (or, before any, with every stream holding)."""
         self._take_pending_keep_late()
-        nid = self._nodes.get(node)
+        nid = self._reg.nodes.get(node)
         if nid is None:
             return None
-        held = self._held
-        if held is None or len(held[0]) != len(self._series_max) or len(held[1]) != len(self._src_front):
-            held = np.ones(len(self._series_max), bool), np.ones(len(self._src_front), bool)
-        return self._watermarks(*held).get(nid)
+        held, fronts = self._held, self._fronts
+        if held is None or len(held[0]) != len(fronts.series_max) or len(held[1]) != len(fronts.src_front):
+            held = np.ones(len(fronts.series_max), bool), np.ones(len(fronts.src_front), bool)
+        return fronts.watermarks(self._reg, *held, self.params.allowed_lateness_ns).get(nid)
 
     def _take_pending_keep_late(self) -> None:
         self._late_store.extend(self._take_pending())
-
-    def _holding(self, quiet_ns: Mapping[Any, int] | None, now_ns: int) -> tuple[BoolArr, BoolArr, I64]:
-        """Which series and which sources hold now (``streams.align.holds``), and each series' quiet time."""
-        q_src = np.array([now_ns if quiet_ns is None else quiet_ns.get(k, now_ns) for k in self._source_keys],
-                         np.int64)
-        sq, oq = self._series_quiet, self._source_quiet
-        sq.grow(len(self._s_src))
-        if self._touched_sid:
-            q_series = q_src[self._arr("_s_src")]
-            sq.delivered(np.concatenate(self._touched_sid), q_series)
-            oq.delivered(np.concatenate(self._touched_src), q_src)
-            self._touched_sid, self._touched_src = [], []
-        else:
-            q_series = q_src[self._arr("_s_src")] if len(self._s_src) else _empty_i64()
-        idle, margin = self.params.idle_ns, self.params.allowed_lateness_ns
-        front = self._series_max
-        s_node = self._arr("_s_node")
-        newest = np.full(len(self._node_names), _NO_TS, np.int64)
-        np.maximum.at(newest, s_node, front)
-        series_held = sq.holding(front, newest[s_node], q_series, idle, margin) & (front > _NO_TS)
-        peer = np.full(len(self._src_newest), self._src_newest.max(initial=_NO_TS), np.int64)
-        source_held = oq.holding(self._src_newest, peer, q_src, idle, margin)
-        return series_held, source_held, sq.quiet_for(q_series)
-
-    def _watermarks(self, series_held: BoolArr, source_held: BoolArr) -> dict[int, int]:
-        """Per node id: min over the streams holding it of their newest event time, minus the lateness."""
-        if not len(self._series_max):
-            return {}
-        s_node = self._arr("_s_node")
-        seen = self._series_max > _NO_TS
-        nodes = len(self._node_names)
-        newest = np.full(nodes, _NO_TS, np.int64)
-        np.maximum.at(newest, s_node[seen], self._series_max[seen])
-        low = np.full(nodes, np.iinfo(np.int64).max, np.int64)
-        np.minimum.at(low, s_node[series_held], self._series_max[series_held])
-        floor = int(self._src_front[source_held].min(initial=np.iinfo(np.int64).max))
-        np.minimum(low, floor, out=low)
-        lateness = self.params.allowed_lateness_ns
-        return {n: max(int(low[n]), _NO_TS) - lateness for n in range(nodes) if newest[n] > _NO_TS}
 
     def advance(self, now_ns: int, source_hold_ns: int | None = None,
                 quiet_ns: Mapping[Any, int] | None = None) -> Advance:
@@ -355,45 +238,25 @@ class GridAligner:
         """
         late = self._late_store + self._take_pending()
         self._late_store = []
-        series_held, source_held, series_quiet = self._holding(quiet_ns, now_ns)
+        reg, fronts = self._reg, self._fronts
+        series_held, source_held, series_quiet = fronts.holding(reg, quiet_ns, now_ns, self.params)
         self._held = series_held, source_held
         if not len(self._o_sid):
             return Advance(self._empty_batch(), late)
-        nodes = len(self._node_names)
-        row_node = self._arr("_s_node")[self._o_sid]
-        newest_tick = np.full(nodes, _NO_TS, np.int64)
+        nodes = len(reg.node_names)
+        s_node = reg.arr("s_node")
+        row_node = s_node[self._o_sid]
+        newest_tick = np.full(nodes, NO_TS, np.int64)
         np.maximum.at(newest_tick, row_node, self._o_tick)
-        wms = self._watermarks(series_held, source_held)
+        wms = fronts.watermarks(reg, series_held, source_held, self.params.allowed_lateness_ns)
         # A node is idle when all its series have been quiet for the bound and no source
         # still holds from behind (its part of a burst may yet bring this node's samples).
-        s_node = self._arr("_s_node")
         least_quiet = np.full(nodes, np.iinfo(np.int64).max, np.int64)
-        seen = self._series_max > _NO_TS
+        seen = fronts.series_max > NO_TS
         np.minimum.at(least_quiet, s_node[seen], series_quiet[seen])
-        may_idle = source_hold_ns is None and not (source_held & self._source_quiet.is_behind()).any()
-        close = np.array(self._node_closed, np.int64)
-        for nid in range(nodes):
-            if newest_tick[nid] == _NO_TS:
-                continue
-            c = int(close[nid])
-            wm = wms.get(nid)
-            if wm is not None and source_hold_ns is not None:
-                wm = min(wm, source_hold_ns - self.params.allowed_lateness_ns)
-            if wm is not None:
-                c = max(c, wm // self._grid)
-            if may_idle and least_quiet[nid] >= self.params.idle_ns:
-                c = int(newest_tick[nid]) + 1
-            # Bounded memory: a node cannot hold more open ticks than the cap, whatever its input.
-            c = max(c, int(newest_tick[nid]) + 1 - self.params.max_open_ticks)
-            close[nid] = c
-        excess = len(self._o_tick) - self.params.max_open_samples
-        if excess > 0:
-            # Bounded memory whatever the input rate or the skew: the oldest ticks of all
-            # nodes close until the open samples fit again; stragglers for them become late.
-            oldest_kept = int(np.partition(self._o_tick, excess)[excess])
-            close = np.maximum(close, oldest_kept)
-            if (self._o_tick < close[row_node]).sum() < excess:
-                close = np.maximum(close, oldest_kept + 1)
+        may_idle = source_hold_ns is None and not (source_held & fronts.source_quiet.is_behind()).any()
+        close = close_before(self.params, np.array(reg.node_closed, np.int64), newest_tick, wms, least_quiet,
+                             may_idle, source_hold_ns, self._o_tick, row_node)
         return Advance(self._close(close, row_node), late)
 
     def flush_all(self) -> Advance:
@@ -402,15 +265,16 @@ class GridAligner:
         self._late_store = []
         if not len(self._o_sid):
             return Advance(self._empty_batch(), late)
-        row_node = self._arr("_s_node")[self._o_sid]
-        close = np.array(self._node_closed, np.int64)
-        newest_tick = np.full(len(close), _NO_TS, np.int64)
+        row_node = self._reg.arr("s_node")[self._o_sid]
+        close = np.array(self._reg.node_closed, np.int64)
+        newest_tick = np.full(len(close), NO_TS, np.int64)
         np.maximum.at(newest_tick, row_node, self._o_tick)
         close = np.maximum(close, newest_tick + 1)
         return Advance(self._close(close, row_node), late)
 
     def _close(self, close: I64, row_node: I64) -> FrameBatch:
-        self._node_closed = [max(a, b) for a, b in zip(self._node_closed, close.tolist(), strict=True)]
+        reg = self._reg
+        reg.node_closed = [max(a, b) for a, b in zip(reg.node_closed, close.tolist(), strict=True)]
         done = self._o_tick < close[row_node]
         if not done.any():
             return self._empty_batch()
@@ -427,8 +291,9 @@ class GridAligner:
                           {c: _empty_i64() for c in COUNT_COLUMNS}, _empty_i64())
 
     def _aggregate(self, sid: I64, tick: I64, ts: I64, v: F64, unc: I64) -> FrameBatch:
-        return aggregate(sid, tick, ts, v, unc, s_sensor=self._arr("_s_sensor"), s_pair=self._arr("_s_pair"),
-                         pair_names=self._pair_names, labels=self._labels, counter_prev=self._counter_prev,
+        reg = self._reg
+        return aggregate(sid, tick, ts, v, unc, s_sensor=reg.arr("s_sensor"), s_pair=reg.arr("s_pair"),
+                         pair_names=reg.pair_names, labels=reg.labels, counter_prev=reg.counter_prev,
                          grid=self._grid)
 
     # -- bookkeeping ---------------------------------------------------------------------
@@ -436,13 +301,13 @@ class GridAligner:
         """Per source, the oldest position an open cell (or unplaced input) still depends on."""
         out: dict[Hashable, int] = {}
         if len(self._o_src):
-            low = np.full(len(self._source_keys), np.iinfo(np.int64).max, np.int64)
+            low = np.full(len(self._reg.source_keys), np.iinfo(np.int64).max, np.int64)
             np.minimum.at(low, self._o_src, self._o_pos)
             for i, pos in enumerate(low.tolist()):
                 if pos != np.iinfo(np.int64).max:
-                    out[self._source_keys[i]] = pos
+                    out[self._reg.source_keys[i]] = pos
         for src, pos in zip(self._p_src, self._p_pos, strict=True):
-            key = self._source_keys[src]
+            key = self._reg.source_keys[src]
             if pos < out.get(key, pos + 1):
                 out[key] = pos
         return out
@@ -450,13 +315,13 @@ class GridAligner:
     def closed_ticks(self) -> dict[str, int]:
         """Per node, the start of the newest tick that is final (written, or closed with no
         samples), for the nodes that have closed one."""
-        return {n: (c - 1) * self._grid for n, c in zip(self._node_names, self._node_closed, strict=True)
-                if c != _NO_TS}
+        reg = self._reg
+        return {n: (c - 1) * self._grid for n, c in zip(reg.node_names, reg.node_closed, strict=True) if c != NO_TS}
 
     def open_cells(self) -> int:
         if not len(self._o_sid):
             return 0
-        pairs = self._arr("_s_pair")[self._o_sid]
+        pairs = self._reg.arr("s_pair")[self._o_sid]
         base = int(self._o_tick.min())
         span = int(self._o_tick.max()) - base + 1
         return len(np.unique(pairs * span + (self._o_tick - base)))
@@ -477,8 +342,5 @@ class GridAligner:
         return aligner
 
 
-_REGISTRY: Final = ("_late_store", "_nodes", "_node_names", "_node_closed", "_pairs", "_pair_names", "_series",
-                    "_s_node", "_s_pair", "_s_sensor", "_s_src", "_series_max", "_series_quiet", "_labels",
-                    "_counter_prev", "_sources", "_source_keys", "_src_front", "_src_newest", "_source_quiet",
-                    "_touched_sid", "_touched_src")
+_REGISTRY: Final = ("_late_store", "_reg", "_fronts")
 _ROWS: Final = ("_o_sid", "_o_tick", "_o_ts", "_o_v", "_o_src", "_o_pos", "_o_unc")

@@ -1,0 +1,164 @@
+"""Node watermarks and when the aligner closes a node's cells.
+
+A node's watermark is the *minimum* over the streams that hold it of the newest
+event time each has delivered, minus the allowed lateness: the node's own series
+(gpu x sensor) and the sources (Kafka topic-partitions) of the aligner. Using the
+minimum rather than the maximum matters: the 23 sensors travel on 23 topics that a
+consumer drains at different speeds, and a batch message can move one series ten
+seconds ahead at once; the minimum closes a cell only when every stream has moved
+past it. Which streams hold, and for how long, is one rule (``streams.align.holds``): a
+stream that has fallen behind holds until it has been quiet for ``idle_ns`` on its
+source's quiet clock, so a GPU that died cannot stall its node forever, while a
+topic whose part of a burst lands a moment after the others still finds its cells
+open. A node whose series have all been quiet that long has its cells written, so
+the tail of a run is written too; and whatever the input, caps on open ticks and open
+samples bound the memory (``close_before``).
+
+>>> from streams.align.registry import StreamRegistry
+>>> reg, fronts = StreamRegistry(), Fronts()
+>>> n, src = reg.add_node("n", closed=0), reg.add_source("t0")
+>>> sids = [reg.add_series(n, "n", gpu, 4, src, None) for gpu in "01"]
+>>> fronts.grow_sources(1); fronts.grow_series(2)
+>>> fronts.received(np.array(sids), np.array([src, src]), np.array([1, 1]), np.array([5_000, 9_000]))
+>>> fronts.placed(np.array(sids), np.array([src, src]), np.array([5_000, 9_000]))
+>>> held = fronts.holding(reg, None, now_ns=0, params=AlignParams(allowed_lateness_ns=1_000))
+>>> fronts.watermarks(reg, held[0], held[1], lateness_ns=1_000)  # GPU 0 holds node n back
+{0: 4000}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from streams.align.aggregate import I64
+from streams.align.grid import AlignParams
+from streams.align.holds import QuietStreams
+from streams.align.registry import StreamRegistry
+
+NO_TS: Final = -(2**62)
+BoolArr = npt.NDArray[np.bool_]
+
+
+class Fronts:
+    """Per series and per source: the newest event time delivered, and each one's quiet clock."""
+
+    def __init__(self) -> None:
+        self.series_max: I64 = np.empty(0, np.int64)
+        self.series_quiet = QuietStreams()
+        self.src_front: I64 = np.empty(0, np.int64)  # per source, the newest first stamp of its messages
+        self.src_newest: I64 = np.empty(0, np.int64)  # per source, the newest event time it delivered
+        self.source_quiet = QuietStreams()
+        # Series and sources that delivered since the last holding() (their quiet time restarts).
+        self.touched_sid: list[I64] = []
+        self.touched_src: list[I64] = []
+
+    def grow_sources(self, n: int) -> None:
+        grown = np.full((2, n), NO_TS, np.int64)
+        grown[0, : len(self.src_front)] = self.src_front
+        grown[1, : len(self.src_newest)] = self.src_newest
+        self.src_front, self.src_newest = grown[0].copy(), grown[1].copy()
+        self.source_quiet.grow(n)
+
+    def grow_series(self, n: int) -> None:
+        if len(self.series_max) < n:
+            grown = np.full(n, NO_TS, np.int64)
+            grown[: len(self.series_max)] = self.series_max
+            self.series_max = grown
+
+    def received(self, msg_sids: I64, msg_srcs: I64, lens: I64, ts: I64) -> None:
+        """Messages arrived (one entry each; ``ts`` all their samples, message after message)."""
+        self.touched_sid.append(msg_sids)
+        self.touched_src.append(msg_srcs)
+        # A source's frontier is the newest *first* stamp of its messages: a collector sends a
+        # batch once its samples exist, so another series' message that follows on the same
+        # topic-partition starts no earlier than that, minus the lateness, however long the batches.
+        full = lens > 0
+        if full.all():
+            np.maximum.at(self.src_front, msg_srcs, np.minimum.reduceat(ts, np.cumsum(lens) - lens))
+        elif full.any():
+            firsts = np.minimum.reduceat(ts, (np.cumsum(lens) - lens)[full])
+            np.maximum.at(self.src_front, msg_srcs[full], firsts)
+
+    def placed(self, sid: I64, src: I64, ts: I64) -> None:
+        """Samples (by series and source) went into open cells."""
+        np.maximum.at(self.series_max, sid, ts)
+        np.maximum.at(self.src_newest, src, ts)
+
+    def holding(self, reg: StreamRegistry, quiet_ns: Mapping[Any, int] | None, now_ns: int,
+                params: AlignParams) -> tuple[BoolArr, BoolArr, I64]:
+        """Which series and which sources hold now (``streams.align.holds``), and each series' quiet time."""
+        q_src = np.array([now_ns if quiet_ns is None else quiet_ns.get(k, now_ns) for k in reg.source_keys],
+                         np.int64)
+        sq, oq = self.series_quiet, self.source_quiet
+        sq.grow(len(reg.s_src))
+        if self.touched_sid:
+            q_series = q_src[reg.arr("s_src")]
+            sq.delivered(np.concatenate(self.touched_sid), q_series)
+            oq.delivered(np.concatenate(self.touched_src), q_src)
+            self.touched_sid, self.touched_src = [], []
+        else:
+            q_series = q_src[reg.arr("s_src")] if len(reg.s_src) else np.empty(0, np.int64)
+        idle, margin = params.idle_ns, params.allowed_lateness_ns
+        front = self.series_max
+        s_node = reg.arr("s_node")
+        newest = np.full(len(reg.node_names), NO_TS, np.int64)
+        np.maximum.at(newest, s_node, front)
+        series_held = sq.holding(front, newest[s_node], q_series, idle, margin) & (front > NO_TS)
+        peer = np.full(len(self.src_newest), self.src_newest.max(initial=NO_TS), np.int64)
+        source_held = oq.holding(self.src_newest, peer, q_src, idle, margin)
+        return series_held, source_held, sq.quiet_for(q_series)
+
+    def watermarks(self, reg: StreamRegistry, series_held: BoolArr, source_held: BoolArr,
+                   lateness_ns: int) -> dict[int, int]:
+        """Per node id: min over the streams holding it of their newest event time, minus the lateness."""
+        if not len(self.series_max):
+            return {}
+        s_node = reg.arr("s_node")
+        seen = self.series_max > NO_TS
+        nodes = len(reg.node_names)
+        newest = np.full(nodes, NO_TS, np.int64)
+        np.maximum.at(newest, s_node[seen], self.series_max[seen])
+        low = np.full(nodes, np.iinfo(np.int64).max, np.int64)
+        np.minimum.at(low, s_node[series_held], self.series_max[series_held])
+        floor = int(self.src_front[source_held].min(initial=np.iinfo(np.int64).max))
+        np.minimum(low, floor, out=low)
+        return {n: max(int(low[n]), NO_TS) - lateness_ns for n in range(nodes) if newest[n] > NO_TS}
+
+
+def close_before(params: AlignParams, closed: I64, newest_tick: I64, wms: Mapping[int, int], least_quiet: I64,
+                 may_idle: bool, source_hold_ns: int | None, open_tick: I64, row_node: I64) -> I64:
+    """Per node, the tick below which its cells close now.
+
+    ``closed``: what is final already; ``newest_tick``: each node's newest open tick; ``wms``: the
+    watermarks; ``least_quiet``: how long each node's least quiet series has been quiet; ``may_idle``:
+    whether a quiet node may have its cells written; ``open_tick``/``row_node``: the open samples.
+    """
+    close = closed.copy()
+    grid = params.grid_ns
+    for nid in range(len(close)):
+        if newest_tick[nid] == NO_TS:
+            continue
+        c = int(close[nid])
+        wm = wms.get(nid)
+        if wm is not None and source_hold_ns is not None:
+            wm = min(wm, source_hold_ns - params.allowed_lateness_ns)
+        if wm is not None:
+            c = max(c, wm // grid)
+        if may_idle and least_quiet[nid] >= params.idle_ns:
+            c = int(newest_tick[nid]) + 1
+        # Bounded memory: a node cannot hold more open ticks than the cap, whatever its input.
+        c = max(c, int(newest_tick[nid]) + 1 - params.max_open_ticks)
+        close[nid] = c
+    excess = len(open_tick) - params.max_open_samples
+    if excess > 0:
+        # Bounded memory whatever the input rate or the skew: the oldest ticks of all
+        # nodes close until the open samples fit again; stragglers for them become late.
+        oldest_kept = int(np.partition(open_tick, excess)[excess])
+        close = np.maximum(close, oldest_kept)
+        if (open_tick < close[row_node]).sum() < excess:
+            close = np.maximum(close, oldest_kept + 1)
+    return close
