@@ -14,17 +14,21 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from streams.align.aligner import AlignParams
 from streams.decide.params import DecideParams, PolicyError, parse_decide_policy
 from streams.detect.detectors import DetectParams
 from streams.detect.drift_params import DriftParams
+from streams.detect.spike_rule import SPIKE_THRESHOLDS
 
 ENV_PREFIX = "FLOPWATCH_"
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 Backend = Literal["chdb", "native"]
+# The pure parameters' own defaults: the options below restate none of them.
+_ALIGN: Final = AlignParams()
+_DRIFT: Final = DriftParams()
 
 
 class Secret:
@@ -107,11 +111,11 @@ class Settings:
     clickhouse_layout: Literal["current", "legacy"] = "current"
     """``legacy`` writes the simplified layout old servers (18.x) accept; FLOPWATCH_CLICKHOUSE_LAYOUT."""
 
-    grid_ms: int = 1000
+    grid_ms: int = _ALIGN.grid_ns // 1_000_000
     """Grid step, 100 ms to 60 s; FLOPWATCH_GRID_MS."""
-    lateness_ms: int = 2000
+    lateness_ms: int = _ALIGN.allowed_lateness_ns // 1_000_000
     """Allowed lateness behind a node's watermark; FLOPWATCH_LATENESS_MS."""
-    source_idle_s: float = 15.0
+    source_idle_s: float = _ALIGN.idle_ns / 1e9
     """A topic-partition or series that fell behind holds the watermark until it has been quiet this
     long while Kafka confirmed it caught up; a node quiet this long has its cells written
     (``streams.align.holds``); FLOPWATCH_SOURCE_IDLE_S."""
@@ -133,19 +137,19 @@ class Settings:
     """Fill the efficiency, cost and spike columns of every frame (streams.efficiency.derive); FLOPWATCH_DERIVE."""
     publish_frames: bool = True
     """Publish closed frames to flopwatch.frames, which the detection agent reads; FLOPWATCH_PUBLISH_FRAMES."""
-    drift_drop: float = 0.12
+    drift_drop: float = _DRIFT.drop
     """Efficiency drift: how far below its baseline FLOPS/Watt must fall (fraction); FLOPWATCH_DRIFT_DROP."""
-    drift_floor: float = 0.10
+    drift_floor: float = _DRIFT.floor
     """Efficiency drift: a drop shallower than this never alerts (must be below the drop); FLOPWATCH_DRIFT_FLOOR."""
-    drift_hold_s: float = 3.0
+    drift_hold_s: float = _DRIFT.hold_ns / 1e9
     """Efficiency drift: how long the drop must hold, event time; FLOPWATCH_DRIFT_HOLD_S."""
-    drift_baseline_s: float = 60.0
+    drift_baseline_s: float = _DRIFT.baseline_ns / 1e9
     """Efficiency drift: the baseline is the median over this much recent history; FLOPWATCH_DRIFT_BASELINE_S."""
-    drift_detector: Literal["page_hinkley", "adwin"] = "page_hinkley"
+    drift_detector: Literal["page_hinkley", "adwin"] = _DRIFT.detector
     """River detector giving the change's onset and the re-learn signal; FLOPWATCH_DRIFT_DETECTOR."""
-    spike_util_pct: float = 95.0
+    spike_util_pct: float = SPIKE_THRESHOLDS["gpu_util"]
     """L1 spike rule: sliding-window P99 of gpu_util above this (%); FLOPWATCH_SPIKE_UTIL_PCT."""
-    spike_sm_active: float = 0.95
+    spike_sm_active: float = SPIKE_THRESHOLDS["sm_active"]
     """L1 spike rule: sliding-window P99 of sm_active above this (ratio); FLOPWATCH_SPIKE_SM_ACTIVE."""
     detect_replay_s: float = 180.0
     """Frames replayed (event time) to rebuild detector state after a restart or rebalance;
@@ -194,7 +198,7 @@ class Settings:
         return DetectParams(
             drift=DriftParams(drop=self.drift_drop, floor=self.drift_floor, hold_ns=int(self.drift_hold_s * 1e9),
                               baseline_ns=baseline_ns,
-                              min_baseline_ns=min(baseline_ns, 20_000_000_000), detector=self.drift_detector),
+                              min_baseline_ns=min(baseline_ns, _DRIFT.min_baseline_ns), detector=self.drift_detector),
             spike_thresholds={"gpu_util": self.spike_util_pct, "sm_active": self.spike_sm_active},
         )
 

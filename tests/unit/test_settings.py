@@ -11,6 +11,7 @@ from agents.kafka.topics import Topics, aiokafka_config, confluent_config
 from agents.settings import Secret, Settings, SettingsError, load_settings, settings_env
 from schemas.catalog import CATALOG
 from streams.align.aligner import AlignParams
+from streams.detect.detectors import DetectParams
 
 KAFKA_PW = "kafka-pw-Zq81"
 CH_PW = "clickhouse-pw-Xy42"
@@ -377,3 +378,10 @@ def test_detection_settings_reach_the_detectors_and_are_checked_at_load() -> Non
     assert p.spike_thresholds["gpu_util"] == 90.0
     with pytest.raises(SettingsError, match="drift/spike settings"):
         load_settings({"FLOPWATCH_DRIFT_DROP": "0.08"})  # below the never-alert floor
+
+
+def test_the_defaults_are_those_of_the_pure_parameters() -> None:
+    # Each default is written once, in streams/: the settings derive theirs from it.
+    s = Settings()
+    assert s.align_params() == AlignParams()
+    assert s.detect_params() == DetectParams()
