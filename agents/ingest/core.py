@@ -19,7 +19,6 @@ from typing import Any, Protocol, TypeAlias
 
 from aiokafka import ConsumerRecord, TopicPartition
 
-from agents.ingest.clocks import ClockDomains
 from agents.ingest.commits import commit_offsets
 from agents.ingest.enrich import Enricher, TappedAligner
 from agents.kafka.topics import Topics
@@ -32,6 +31,7 @@ from schemas.records import UTC_CLOCK, Reject, RejectReason
 from streams.align.aggregate import FrameBatch
 from streams.align.aligner import GridAligner, LateSamples, Recovered
 from streams.align.clock import ClockParams
+from streams.align.clock_domains import ClockDomains
 from streams.formats.pod_labels import PodLabelBook
 
 log = logging.getLogger("agents.ingest.worker")

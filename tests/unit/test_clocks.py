@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from aiokafka import ConsumerRecord
 
-import agents.ingest.clocks as clocks
-from agents.ingest.clocks import ClockDomains
+import streams.align.clock_domains as clocks
 from agents.runtime.timebase import ManualClock
 from schemas.catalog import BY_NAME
 from schemas.records import ClockBeacon, SampleBatch
 from streams.align.aligner import AlignParams, GridAligner
 from streams.align.clock import ClockParams
+from streams.align.clock_domains import ClockDomains
 
 S = 1_000_000_000
 T0 = 1_796_200_000 * S
@@ -32,7 +34,7 @@ def beacon(domain_ns: int) -> ClockBeacon:
 
 
 def test_a_message_waits_for_a_later_beacon_and_holds_its_partition_meanwhile() -> None:
-    doms = ClockDomains(ClockParams(), wait_s=60.0)
+    doms = ClockDomains(ClockParams(), wait_s=60.0, mono_ns=time.monotonic_ns)
     aligner = GridAligner(AlignParams(allowed_lateness_ns=0))
     waiting: dict[int, clocks.Waiting] = {0: {}}
     doms.offer(0, aligner, waiting[0], record(5), batch(100 * S), POWER)
@@ -53,7 +55,7 @@ def test_a_message_waits_for_a_later_beacon_and_holds_its_partition_meanwhile() 
 
 
 def test_a_message_with_a_beacon_already_read_is_placed_at_once() -> None:
-    doms = ClockDomains(ClockParams(), wait_s=60.0)
+    doms = ClockDomains(ClockParams(), wait_s=60.0, mono_ns=time.monotonic_ns)
     aligner = GridAligner(AlignParams(allowed_lateness_ns=0))
     doms.beacon(0, beacon(101 * S), offset=7)
     waiting: clocks.Waiting = {}
@@ -76,7 +78,7 @@ def test_waiting_too_long_or_in_a_full_list_ends_in_expired(monkeypatch: pytest.
     assert "none within 5 s" in doms.expired[0][2]
 
     monkeypatch.setattr(clocks, "MAX_HELD", 2)
-    doms = ClockDomains(ClockParams(), wait_s=5.0)
+    doms = ClockDomains(ClockParams(), wait_s=5.0, mono_ns=time.monotonic_ns)
     for off in range(3):
         doms.offer(0, aligner, waiting[0], record(off), batch(100 * S + off), POWER)
     assert [h.rec.offset for _, h, _ in doms.expired] == [0] and doms.held == 2  # the oldest gave way

@@ -1,4 +1,4 @@
-"""Clock-domain samples inside the worker: beacons, samples waiting for one, and what commits must keep.
+"""Clock-domain samples of one worker: beacons, samples waiting for one, and what commits must keep.
 
 A sample stamped by a clock domain other than UTC is never placed on a guessed time.
 It is corrected with the fit of the first ``clock.sync`` beacon of its domain read
@@ -10,30 +10,50 @@ dead-letter topic (``no_clock``).
 Replays must rebuild the same fits, so the ``clock.sync`` offset a partition commits
 is held back to the oldest beacon still needed: by samples sitting in open cells, and
 by the newest fit of every kept epoch (for the samples still to come).
+
+The messages are the consumer's records, of any type with an ``offset``; the caller gets them
+back (in ``waiting`` and ``expired``) to dead-letter or to answer a late verdict with.
+Monotonic time (``mono_ns``) is an argument, so tests drive the wait with a fake clock.
+
+>>> from schemas.records import ClockBeacon, SampleBatch
+>>> from streams.align.aligner import AlignParams, GridAligner
+>>> from streams.align.clock import ClockParams
+>>> class Rec:
+...     offset = 5
+>>> doms = ClockDomains(ClockParams(), wait_s=10.0, mono_ns=lambda: 0)
+>>> aligner, waiting = GridAligner(AlignParams()), {0: {}}
+>>> sample = SampleBatch("power", "n", "0", [100], [300.0], "nvml:n", None, 100, 100)
+>>> doms.offer(0, aligner, waiting[0], Rec(), sample, 4)
+>>> doms.held, doms.oldest_held()
+(1, {(0, 4): 5})
+>>> doms.beacon(0, ClockBeacon("n", "nvml:n", 200, 1_000_200, 1_000_210), offset=9)
+>>> doms.place_held({0: aligner}, waiting), doms.held, list(waiting[0])
+({}, 0, [(4, 5)])
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-
-from aiokafka import ConsumerRecord
+from typing import Any
 
 from schemas.records import ClockBeacon, SampleBatch
 from streams.align.aligner import GridAligner
 from streams.align.clock import ClockFit, ClockParams, DomainTrack
 
+# The consumer's record (aiokafka's ConsumerRecord in the worker), handed back as it came; only its
+# ``offset`` is read here.
+Record = Any
 MAX_HELD = 100_000  # clock-domain messages waiting for a beacon, per domain
 Domain = tuple[str, str]  # (node, clock)
-Waiting = dict[tuple[int, int], ConsumerRecord[bytes, bytes]]  # (topic index, offset) -> record
+Waiting = dict[tuple[int, int], Record]  # (topic index, offset) -> record
 
 
 @dataclass(slots=True)
 class Held:
     """A sample message in a clock domain, waiting for a beacon read after it."""
 
-    rec: ConsumerRecord[bytes, bytes]
+    rec: Record
     batch: SampleBatch
     sensor: int
     since: float
@@ -59,7 +79,7 @@ class _Partition:
     held: dict[Domain, _DomainWait] = field(default_factory=dict)
     placed: list[tuple[int, int, int]] = field(default_factory=list)
 
-    def place(self, aligner: GridAligner, waiting: Waiting, rec: ConsumerRecord[bytes, bytes], batch: SampleBatch,
+    def place(self, aligner: GridAligner, waiting: Waiting, rec: Record, batch: SampleBatch,
               sensor: int, fit: ClockFit, pin: int) -> None:
         aligner.add(batch.node, batch.gpu, sensor, batch.ts_ns, batch.value, batch.labels, sensor, rec.offset, fit)
         waiting[(sensor, rec.offset)] = rec
@@ -69,7 +89,7 @@ class _Partition:
 class ClockDomains:
     """The worker's clock domains, per partition number. ``expired`` collects what to dead-letter."""
 
-    def __init__(self, params: ClockParams, wait_s: float, mono_ns: Callable[[], int] = time.monotonic_ns) -> None:
+    def __init__(self, params: ClockParams, wait_s: float, mono_ns: Callable[[], int]) -> None:
         self._params = params
         self._mono_ns = mono_ns
         self._wait_s = wait_s
@@ -89,7 +109,7 @@ class ClockDomains:
             track = tracks[(b.node, b.clock)] = DomainTrack(self._params)
         track.add(b, offset)
 
-    def offer(self, partition: int, aligner: GridAligner, waiting: Waiting, rec: ConsumerRecord[bytes, bytes],
+    def offer(self, partition: int, aligner: GridAligner, waiting: Waiting, rec: Record,
               batch: SampleBatch, sensor: int) -> None:
         """Place a domain message if its beacon is here, else hold it."""
         part = self._part(partition)
