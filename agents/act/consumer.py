@@ -72,7 +72,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from agents.act.commands import shown
@@ -80,6 +80,7 @@ from agents.act.ledger import ActLedger, Entry
 from agents.act.sinks import Sink
 from agents.kafka.topics import Topics, aiokafka_config
 from agents.settings import Settings
+from schemas.counters import Counters
 from schemas.triggers import TriggerDecodeError, decode_trigger, encode_trigger
 
 log = logging.getLogger("flopwatch.act")
@@ -101,7 +102,7 @@ class ActParams:
 
 
 @dataclass(slots=True)
-class ActStats:
+class ActStats(Counters):
     messages: int = 0
     acted: int = 0
     already_done: int = 0
@@ -112,9 +113,6 @@ class ActStats:
     commits: int = 0
     purged: int = 0
     bad_reasons: dict[str, int] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class TriggerConsumer:

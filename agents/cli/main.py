@@ -209,8 +209,7 @@ def simulate(ctx: click.Context, nodes: int, gpus: int, duration: float | None, 
     t0 = time.monotonic()
     st = pub.live(duration) if mode == "live" else pub.backlog(duration)
     secs = time.monotonic() - t0
-    report: dict[str, Any] = {"start_ns": start, "messages": st.messages, "samples": st.samples, "events": st.events,
-                              "bad": st.bad, "seconds": round(secs, 3)}
+    report: dict[str, Any] = {"start_ns": start, **st.as_dict(), "seconds": round(secs, 3)}
     if scenario is not None:
         report["scenario"] = scenario.source
         report["scenario_events"] = len(scenario.events)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from schemas.counters import Counters
 from schemas.records import Labels
 from streams.formats import nvml_fields as nf
 
@@ -71,7 +72,7 @@ class _Gpu:
 
 
 @dataclass(slots=True)
-class CollectStats:
+class CollectStats(Counters):
     ticks: int = 0
     samples: int = 0
     beacons: int = 0

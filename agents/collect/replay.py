@@ -38,6 +38,7 @@ from agents.kafka.topics import Topics
 from agents.settings import Settings
 from schemas.catalog import BY_NAME
 from schemas.codec import decode_beacon, decode_k8s_event, decode_samples, encode_batch, encode_sample
+from schemas.counters import Counters
 from schemas.records import UTC_CLOCK, ClockBeacon, K8sEvent, Labels, Reject, Sample, SampleBatch
 from schemas.topic_schemas import CLOCK_SYNC, K8S_EVENTS
 from streams.formats.nvsmi_csv import CsvFormatError, GpuRow, NvsmiCsvReader, Problem
@@ -50,7 +51,7 @@ _SHOWN_PROBLEMS = 50  # per file; the rest are counted in the summary
 
 
 @dataclass(slots=True)
-class FileSummary:
+class FileSummary(Counters):
     path: str
     format: str
     node: str
@@ -63,11 +64,6 @@ class FileSummary:
     unknown_columns: list[str] = field(default_factory=list)
     time_went_back: int = 0
     error: str = ""  # the file could not be read (from where it says)
-
-    def as_dict(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in self.__slots__}
-        out["skipped_cells"] = dict(self.skipped_cells)
-        return out
 
 
 @dataclass(frozen=True, slots=True)

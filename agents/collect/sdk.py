@@ -29,6 +29,7 @@ import orjson
 from agents.kafka.topics import Topics, confluent_config
 from agents.settings import Settings
 from schemas.catalog import BY_NAME, INT_LABELS, LABEL_COLUMNS, Sensor
+from schemas.counters import Counters
 from schemas.records import UTC_CLOCK, WIRE_VERSION, Labels
 
 log = logging.getLogger(__name__)
@@ -183,7 +184,7 @@ def _label_key(labels: Labels | None) -> tuple[tuple[str, str | int], ...]:
 
 
 @dataclass(slots=True)
-class PublisherStats:
+class PublisherStats(Counters):
     """Sample counts since the publisher started (beacons are counted apart)."""
 
     accepted: int = 0  # taken by send()

@@ -16,6 +16,7 @@ from agents.kafka.topics import Topics
 from agents.settings import Settings
 from schemas.catalog import BY_NAME
 from schemas.codec import encode_batch, encode_beacon, encode_k8s_event, encode_sample
+from schemas.counters import Counters
 from schemas.records import SampleBatch
 from streams.align.clock import BeaconNoise, DomainClock
 from streams.sim.scenario import Scenario
@@ -29,7 +30,7 @@ REBOOT_DOMAIN_S = 5  # what a rebooted GPU clock reads at the reboot
 
 
 @dataclass(slots=True)
-class PublishStats:
+class PublishStats(Counters):
     messages: int = 0
     samples: int = 0
     events: int = 0

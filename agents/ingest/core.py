@@ -15,23 +15,24 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeAlias
+from typing import Any, ClassVar, Protocol, TypeAlias
 
 from aiokafka import ConsumerRecord, TopicPartition
 
 from agents.ingest.commits import commit_offsets
-from agents.ingest.enrich import Enricher, TappedAligner
 from agents.kafka.topics import Topics
 from agents.runtime.timebase import SYSTEM_CLOCK, Clock
 from agents.settings import Settings
 from agents.sinks.store import FrameStore, Progress
 from schemas.catalog import CATALOG
 from schemas.codec import TimeLimits, decode_beacon, decode_k8s_event, decode_samples
+from schemas.counters import Counters
 from schemas.records import UTC_CLOCK, Reject, RejectReason
 from streams.align.aggregate import FrameBatch
 from streams.align.aligner import GridAligner, LateSamples, Recovered
 from streams.align.clock import ClockParams
 from streams.align.clock_domains import ClockDomains
+from streams.efficiency.enrich import Enricher, TappedAligner
 from streams.formats.pod_labels import PodLabelBook
 
 log = logging.getLogger("agents.ingest.worker")
@@ -50,7 +51,7 @@ class RejectSink(Protocol):
 
 
 @dataclass(slots=True)
-class IngestStats:
+class IngestStats(Counters):
     """Running totals, for progress display and the benchmark."""
 
     messages: int = 0
@@ -72,15 +73,13 @@ class IngestStats:
     first_record_ns: int = 0  # monotonic; for throughput figures
     detect: dict[str, Any] = field(default_factory=dict)  # the detection agent's figures, when one runs beside
 
+    unreported: ClassVar[frozenset[str]] = frozenset({"first_record_ns", "detect"})
+
     def as_dict(self) -> dict[str, Any]:
-        return {"messages": self.messages, "samples": self.samples, "frames_written": self.frames_written,
-                "frames_published": self.frames_published,
-                "events_written": self.events_written, "beacons": self.beacons,
-                "replayed_dropped": self.replayed_dropped, "commits_refused": self.commits_refused,
-                "commits_failed": self.commits_failed, "internal_errors": self.internal_errors,
-                "rejects": dict(self.rejects), "lag": self.lag,
-                "flushes": self.flushes, "open_cells": self.open_cells, "held": self.held,
-                "late": dict(self.late), **({"detect": dict(self.detect)} if self.detect else {})}
+        out = Counters.as_dict(self)  # not super(): a slotted dataclass is a new class, its cell the old one
+        if self.detect:
+            out["detect"] = dict(self.detect)
+        return out
 
 
 class IngestCore:

@@ -17,6 +17,7 @@ from typing import ClassVar, Generic, Protocol, TypeVar
 from agents.runtime.backoff import with_backoff
 from agents.runtime.partition_agent import FrameHistory, Rejects, dead_letter, read_history
 from agents.runtime.timebase import SYSTEM_CLOCK, Clock
+from schemas.counters import Counters
 from schemas.records import Reject, RejectReason
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ class OutputSink(Protocol[Out_contra]):
 
 
 @dataclass(slots=True)
-class PartitionCounters:
+class PartitionCounters(Counters):
     """What the runtime itself counts, whatever the engine."""
 
     replayed: int = 0  # input messages replayed to rebuild state

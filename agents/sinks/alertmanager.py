@@ -41,7 +41,7 @@ import logging
 import time
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -60,6 +60,7 @@ from agents.sinks.alert_book import (
     rfc3339,
 )
 from schemas.alerts import Alert, AlertDecodeError, decode_alert
+from schemas.counters import Counters
 
 __all__ = ["AlertBook", "AlertForwarder", "Backoff", "ForwardParams", "ForwardStats", "S", "alert_annotations",
            "alert_labels", "postable", "redact", "refused_for_good", "rfc3339"]
@@ -116,7 +117,7 @@ def refused_for_good(status: int) -> bool:
 # --- I/O: Kafka in, HTTP out --------------------------------------------------------------------------------------
 
 @dataclass(slots=True)
-class ForwardStats:
+class ForwardStats(Counters):
     messages: int = 0
     bad: int = 0
     posts: int = 0
@@ -127,9 +128,6 @@ class ForwardStats:
     pending_resolutions: int = 0
     caught_up: bool = False
     bad_reasons: dict[str, int] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class AlertForwarder:

@@ -41,6 +41,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
+from schemas.counters import Counters
 from schemas.records import K8sEvent
 
 Resource = Literal["pods", "events"]
@@ -117,7 +118,7 @@ class PodInfo:
 
 
 @dataclass(slots=True)
-class _Stats:
+class _Stats(Counters):
     published: int = 0
     duplicates: int = 0
     no_node: int = 0

@@ -45,6 +45,7 @@ from datetime import datetime, tzinfo
 from typing import Final
 
 from schemas.catalog import BY_NAME
+from schemas.counters import Counters
 from schemas.records import Labels
 
 # nvidia-smi query field -> (catalog sensor, the unit the catalog wants). Aliases are the
@@ -101,7 +102,7 @@ class Problem:
 
 
 @dataclass(slots=True)
-class ParseReport:
+class ParseReport(Counters):
     """What a read found: counts for the replay's summary."""
 
     lines: int = 0
