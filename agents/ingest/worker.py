@@ -35,7 +35,6 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import CommitFailedError
 
 from agents.ingest.core import IngestCore, IngestStats
-from agents.ingest.enrich import Enricher
 from agents.ingest.positions import Positions
 from agents.ingest.pricebook_file import PriceBookFile
 from agents.kafka.producer import SampleProducer
@@ -46,6 +45,7 @@ from agents.sinks.clickhouse import Backend, ensure_schema, open_backend
 from agents.sinks.deadletter import DeadLetter
 from agents.sinks.frames_out import FramePublisher
 from agents.sinks.store import FrameStore, Pending
+from streams.efficiency.enrich import Enricher
 
 __all__ = ["CommitError", "IngestStats", "Ingestor"]
 log = logging.getLogger(__name__)
@@ -141,7 +141,8 @@ class Ingestor:
         if s.derive:
             prices = PriceBookFile(Path(s.price_book) if s.price_book else None, self._clock)
             prices.current()  # a missing or invalid price book stops the worker here, with its path and line
-            enricher = Enricher(prices, s.align_params().grid_ns)
+            # The enricher asks for the book per batch: current() re-reads an edited file, at most once a second.
+            enricher = Enricher(prices.current, s.align_params().grid_ns)
         if s.publish_frames:
             self._frames = FramePublisher(SampleProducer(s), self.topics.frames, s.align_params().grid_ns)
         core = self._core = IngestCore(s, store, self._dlq, self._clock, enricher)

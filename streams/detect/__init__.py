@@ -1,5 +1,5 @@
 """Detectors on closed frames and raw samples: efficiency drift, L1 spikes, River's change detectors behind our
 Protocol, and the per-workload tap.
 
-Imports: ``schemas``, ``streams.align``, ``streams.efficiency``, river (only in ``change``).
+Imports: ``schemas``, ``streams.align``, numpy, river (only in ``change``).
 """

@@ -1,19 +1,19 @@
 """Fills a closed batch's derived columns before it is stored and published.
 
-Two sources: ``streams.efficiency.derive`` (efficiency and cost, from the price book the user edits)
+Two sources: ``streams.efficiency.derive`` (efficiency and cost, from the price book in force)
 and the L1 spike engine, which has to see the raw sub-second samples, so the aligner
 taps them on their way in (``TappedAligner``), after the same clock correction the
-aligner applies.
+aligner applies. The price book comes from ``prices``, called once per batch: the agents
+hand in a function that re-reads the file the user edits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Final
 
 import numpy as np
 
-from agents.ingest.pricebook_file import PriceBookFile
 from schemas.catalog import BY_NAME
 from schemas.frames import SPIKE_SENSORS, peak_column
 from schemas.gpus import peak_tflops
@@ -52,7 +52,7 @@ class BookPricing:
 class Enricher:
     """Derived columns for the frames of one worker; ``tap`` sees the spike sensors' samples."""
 
-    def __init__(self, prices: PriceBookFile, grid_ns: int, idle: IdleParams | None = None,
+    def __init__(self, prices: Callable[[], PriceBook], grid_ns: int, idle: IdleParams | None = None,
                  spikes: SpikeParams | None = None) -> None:
         spikes = spikes or SpikeParams()
         self.prices = prices
@@ -74,7 +74,7 @@ class Enricher:
     def enrich(self, batch: FrameBatch) -> FrameBatch:
         if not len(batch):
             return batch
-        book = self.prices.current()  # re-reads an edited file (at most once a second)
+        book = self.prices()
         if self._pricing is None or self._pricing.book is not book:
             self._pricing = BookPricing(book)
         ticks = batch.tick_ns.tolist()

@@ -129,12 +129,12 @@ def test_commit_offsets_hold_back_to_the_oldest_needed_record() -> None:
 
 
 def test_frames_get_derived_columns_and_the_spike_engine_sees_the_raw_samples() -> None:
-    from agents.ingest.enrich import Enricher
     from agents.ingest.pricebook_file import PriceBookFile
+    from streams.efficiency.enrich import Enricher
 
     store = FrameStore(cast(Backend, None))
     clock = ManualClock(wall_ns=T0 + 2 * S, mono_ns=0)
-    enricher = Enricher(PriceBookFile(None, clock), SETTINGS.align_params().grid_ns)
+    enricher = Enricher(PriceBookFile(None, clock).current, SETTINGS.align_params().grid_ns)
     core = IngestCore(SETTINGS, store, Letters(), clock, enricher)
     core.assign([TopicPartition(t, 0) for t in TOPICS.inputs], Progress(Recovered()))
     tensor, sm = TOPICS.sensor(2), TOPICS.sensor(1)
