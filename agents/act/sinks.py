@@ -12,7 +12,8 @@ from typing import Any, Literal, Protocol, TextIO
 
 from agents.act.commands import UnsafeName, dry_run_line, kubectl_args, shown
 from agents.act.ledger import Mode
-from agents.sinks.alertmanager import Backoff, redact
+from agents.runtime.backoff import Backoff
+from agents.runtime.logs import redact
 from schemas.triggers import Trigger
 
 log = logging.getLogger("flopwatch.act")

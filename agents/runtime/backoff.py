@@ -1,11 +1,14 @@
-"""Retrying an agent's outputs and rebuilds with backoff: an exception leaving a Faust agent would
-have Faust ack the message in flight, so agents retry instead of raising."""
+"""Backoff, both kinds: ``with_backoff`` retries an agent's outputs and rebuilds in place (an
+exception leaving a Faust agent would have Faust ack the message in flight, so agents retry
+instead of raising); ``Backoff`` is the delay schedule of a loop that keeps going between
+tries (the Alertmanager forwarder, the act webhooks)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 log = logging.getLogger(__name__)
@@ -27,3 +30,26 @@ async def with_backoff(what: str, call: Callable[[], Awaitable[T]], on_error: Ca
             await asyncio.sleep(delay)
             delay = min(delay * 2, 30.0)
     return False, None
+
+
+@dataclass(slots=True)
+class Backoff:
+    """Exponential retry delays: ``failed`` says when to try next, ``succeeded`` starts over.
+
+    >>> b = Backoff(min_ns=1, max_ns=4)
+    >>> [b.failed(now_ns=0) for _ in range(4)], b.succeeded(), b.failed(now_ns=10)
+    ([1, 2, 4, 4], None, 11)
+    """
+
+    min_ns: int
+    max_ns: int
+    failures: int = 0
+    retry_at_ns: int = 0
+
+    def failed(self, now_ns: int) -> int:
+        self.retry_at_ns = now_ns + min(self.max_ns, self.min_ns << min(self.failures, 62))
+        self.failures += 1
+        return self.retry_at_ns
+
+    def succeeded(self) -> None:
+        self.failures, self.retry_at_ns = 0, 0

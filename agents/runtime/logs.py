@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import urllib.parse
 
 from aiokafka import errors as kafka_errors
 
@@ -41,3 +42,15 @@ def quiet_kafka_startup() -> None:
     logger = logging.getLogger("aiokafka.consumer.group_coordinator")
     if not any(isinstance(f, CoordinatorWait) for f in logger.filters):
         logger.addFilter(CoordinatorWait())
+
+
+def redact(url: str) -> str:
+    """The URL without its credentials, for logs.
+
+    >>> redact("http://am:s3cret@alerts.example:9093/x"), redact("http://127.0.0.1:9094")
+    ('http://***@alerts.example:9093/x', 'http://127.0.0.1:9094')
+    """
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))

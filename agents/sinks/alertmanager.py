@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +46,8 @@ from typing import Any
 import orjson
 
 from agents.kafka.topics import ALERTS, aiokafka_config, confluent_config
+from agents.runtime.backoff import Backoff
+from agents.runtime.logs import redact
 from agents.settings import Settings
 
 # The pure book lives in agents/sinks/alert_book.py; its names are re-exported for callers and tests.
@@ -62,8 +63,8 @@ from agents.sinks.alert_book import (
 from schemas.alerts import Alert, AlertDecodeError, decode_alert
 from schemas.counters import Counters
 
-__all__ = ["AlertBook", "AlertForwarder", "Backoff", "ForwardParams", "ForwardStats", "S", "alert_annotations",
-           "alert_labels", "postable", "redact", "refused_for_good", "rfc3339"]
+__all__ = ["AlertBook", "AlertForwarder", "ForwardParams", "ForwardStats", "S", "alert_annotations", "alert_labels",
+           "postable", "refused_for_good", "rfc3339"]
 
 # doctest.testmod only looks at objects defined in the module it is given; this keeps the book's examples
 # run by ``doctest.testmod(agents.sinks.alertmanager)`` as before the split.
@@ -73,41 +74,6 @@ log = logging.getLogger("flopwatch.alerts")
 
 
 # --- pure: retries and logging of the HTTP side -------------------------------------------------------------------
-
-@dataclass(slots=True)
-class Backoff:
-    """Exponential retry delays: ``failed`` says when to try next, ``succeeded`` starts over.
-
-    >>> b = Backoff(min_ns=1, max_ns=4)
-    >>> [b.failed(now_ns=0) for _ in range(4)], b.succeeded(), b.failed(now_ns=10)
-    ([1, 2, 4, 4], None, 11)
-    """
-
-    min_ns: int
-    max_ns: int
-    failures: int = 0
-    retry_at_ns: int = 0
-
-    def failed(self, now_ns: int) -> int:
-        self.retry_at_ns = now_ns + min(self.max_ns, self.min_ns << min(self.failures, 62))
-        self.failures += 1
-        return self.retry_at_ns
-
-    def succeeded(self) -> None:
-        self.failures, self.retry_at_ns = 0, 0
-
-
-def redact(url: str) -> str:
-    """The URL without its credentials, for logs.
-
-    >>> redact("http://am:s3cret@alerts.example:9093/x"), redact("http://127.0.0.1:9094")
-    ('http://***@alerts.example:9093/x', 'http://127.0.0.1:9094')
-    """
-    parts = urllib.parse.urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    return urllib.parse.urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
-
 
 def refused_for_good(status: int) -> bool:
     """A 4xx other than timeout / rate limit: the same body will never be accepted."""

@@ -10,14 +10,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import agents.runtime.backoff
+import agents.runtime.logs
 import agents.sinks.alertmanager
+from agents.runtime.backoff import Backoff
+from agents.runtime.logs import redact
 from agents.sinks.alertmanager import (
     AlertBook,
-    Backoff,
     ForwardParams,
     alert_labels,
     postable,
-    redact,
     refused_for_good,
     rfc3339,
 )
@@ -42,6 +44,10 @@ def states(alerts: list[Alert]) -> list[tuple[str, str]]:
 def test_doctests_pass() -> None:
     result = doctest.testmod(agents.sinks.alertmanager, report=True)
     assert result.attempted >= 5 and result.failed == 0
+    # The retry schedule and the URL redaction it uses live in the runtime now.
+    for module in (agents.runtime.backoff, agents.runtime.logs):
+        result = doctest.testmod(module, report=True)
+        assert result.attempted >= 1 and result.failed == 0
 
 
 # --- payloads -------------------------------------------------------------------------------------------------------
