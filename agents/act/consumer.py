@@ -70,8 +70,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,6 +77,7 @@ from agents.act.commands import shown
 from agents.act.ledger import ActLedger, Entry
 from agents.act.sinks import Sink
 from agents.kafka.topics import Topics, aiokafka_config
+from agents.runtime.timebase import SYSTEM_CLOCK, Clock
 from agents.settings import Settings
 from schemas.counters import Counters
 from schemas.triggers import TriggerDecodeError, decode_trigger, encode_trigger
@@ -119,7 +118,7 @@ class TriggerConsumer:
     """Reads the triggers topic and acts on each new idempotency key through ``sink`` until ``stop`` is set."""
 
     def __init__(self, settings: Settings, sink: Sink, ledger: ActLedger, params: ActParams,
-                 clock: Callable[[], int] = time.time_ns, mono: Callable[[], int] = time.monotonic_ns) -> None:
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         if ledger.mode != sink.mode:
             raise ValueError(f"a {ledger.mode} ledger cannot vouch for the {sink.mode} sink {sink.name}")
         self.topic = Topics(settings.topic_prefix).triggers
@@ -129,7 +128,6 @@ class TriggerConsumer:
         self._ledger = ledger
         self._params = params
         self._clock = clock
-        self._mono = mono
         self._pending: dict[Any, int] = {}  # TopicPartition -> next offset, acted and recorded, not committed
         self._anchored: set[Any] = set()  # partitions known to have a committed offset
         self._consumer: Any = None
@@ -172,7 +170,7 @@ class TriggerConsumer:
             log.warning("Kafka consumer was cut short while stopping; leaving anyway")
 
     async def _loop(self, consumer: Any, stop: asyncio.Event) -> None:
-        last_purge = quiet_since = self._mono()
+        last_purge = quiet_since = self._clock.mono_ns()
         while not stop.is_set():
             batch = await consumer.getmany(timeout_ms=200, max_records=500)
             await self._anchor(consumer, batch)
@@ -185,7 +183,7 @@ class TriggerConsumer:
                     if tp in consumer.assignment():
                         self._pending[tp] = rec.offset + 1
             await self._commit()
-            now = self._mono()
+            now = self._clock.mono_ns()
             if now - last_purge >= PURGE_EVERY_NS:
                 self._purge()
                 last_purge = now
@@ -211,7 +209,7 @@ class TriggerConsumer:
             self._bad(f"internal_error:{type(exc).__name__}", where, repr(exc), exc_info=True)
             return True
         key = shown(t.idempotency_key)
-        horizon = self._clock() - self._params.retain_ns
+        horizon = self._clock.wall_ns() - self._params.retain_ns
         if t.ts_ns < horizon:
             self.stats.stale += 1
             log.warning("not acting on %s at %s: the trigger is older than the ledger's retention (%.3g days), "
@@ -236,7 +234,7 @@ class TriggerConsumer:
             return False
         try:
             self._ledger.record(Entry(t.idempotency_key, t.ts_ns, t.id, digest, t.action, result.outcome,
-                                      result.detail, self._clock(), tp.topic, tp.partition, rec.offset))
+                                      result.detail, self._clock.wall_ns(), tp.topic, tp.partition, rec.offset))
         except Exception:
             log.critical("%s at %s was acted on (%s) but could not be recorded; a restart acts on it again",
                          key, where, result.outcome)
@@ -261,7 +259,7 @@ class TriggerConsumer:
                   exc_info=exc_info)
 
     def _purge(self) -> None:
-        gone = self._ledger.purge(self._clock() - self._params.retain_ns)
+        gone = self._ledger.purge(self._clock.wall_ns() - self._params.retain_ns)
         self.stats.purged += gone
         if gone:
             log.info("purged %d keys older than %.3g days from the ledger", gone, self._params.retain_ns / DAY_NS)

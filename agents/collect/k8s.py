@@ -31,6 +31,7 @@ import click
 import orjson
 
 from agents.kafka.topics import Topics, confluent_config
+from agents.runtime.timebase import SYSTEM_CLOCK, Clock
 from agents.settings import Settings, SettingsError, load_settings
 from schemas.codec import encode_k8s_event
 from streams.formats.k8s_watch import RESOURCES, Publish, Resource, WatchParams, WatchState
@@ -151,12 +152,13 @@ class K8sCollector:
     """The watch threads, the producer and the periodic save."""
 
     def __init__(self, settings: Settings, api: Any, namespace: str | None, state_file: StateFile,
-                 params: WatchParams | None = None) -> None:
+                 params: WatchParams | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         from kubernetes import client
 
         from agents.kafka.producer import SampleProducer
 
         self.topic = Topics(settings.topic_prefix).k8s_events
+        self._clock = clock
         self._core = client.CoreV1Api(api)
         self._namespace = namespace
         self._file = state_file
@@ -218,7 +220,7 @@ class K8sCollector:
                 with self._lock:
                     try:
                         step = self.state.on_event(resource, str(ev.get("type")), ev.get("raw_object") or {},
-                                                   _now_ns())
+                                                   self._clock.wall_ns())
                     except Exception:  # an object our mapping trips on: skip it, never loop on it
                         self.bad_objects += 1
                         log.exception("%s watch: cannot map %s event; skipped", resource, ev.get("type"))
@@ -250,7 +252,7 @@ class K8sCollector:
                 if req.resource_version is None:
                     items, rv = self._list(resource)
                     with self._lock:
-                        self._send(self.state.on_list(resource, items, rv, _now_ns()))
+                        self._send(self.state.on_list(resource, items, rv, self._clock.wall_ns()))
                     log.info("listed %d %s at resourceVersion %s", len(items), resource, rv)
                     if resource == "pods":
                         self._pods_ready.set()
@@ -282,7 +284,7 @@ class K8sCollector:
         """Offsets first, then the snapshot, then flush, then write (see the module docstring)."""
         offsets = self._ledger.end_offsets()
         with self._lock:
-            self.state.expire(_now_ns())
+            self.state.expire(self._clock.wall_ns())
             snap, self._dirty = self.state.snapshot(), False
         self._producer.flush()
         self._file.save({"watch": snap, "kafka_offsets": offsets})
@@ -331,10 +333,6 @@ def _header(headers: Any, name: str) -> str | None:
         if key == name and val is not None:
             return val.decode() if isinstance(val, bytes) else str(val)
     return None
-
-
-def _now_ns() -> int:
-    return time.time_ns()
 
 
 @click.command("k8s")

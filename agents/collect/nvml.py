@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from agents.runtime.timebase import SYSTEM_CLOCK, Clock
 from schemas.counters import Counters
 from schemas.records import Labels
 from streams.formats import nvml_fields as nf
@@ -86,8 +87,7 @@ class NvmlCollector:
 
     def __init__(self, nvml: Any, sink: Sink, node: str, region: str = "", proc_root: str | Path = "/proc",
                  processes: bool = True, pcie_fallback_ticks: int = 10,
-                 domain_clock: Callable[[], int] = time.monotonic_ns,
-                 utc_clock: Callable[[], int] = time.time_ns) -> None:
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.nv = nvml
         self.sink = sink
         self.node = node
@@ -96,8 +96,7 @@ class NvmlCollector:
         self.processes = processes
         self.pcie_fallback_ticks = pcie_fallback_ticks  # ticks between blocking PCIe throughput reads
         self.clock = f"nvml:{node}"
-        self._domain = domain_clock
-        self._utc = utc_clock
+        self._clock = clock  # its monotonic time is the domain clock, its wall time UTC
         self.memo = nf.UnsupportedMemo()
         self.stats = CollectStats()
         self.gpus: list[_Gpu] = []
@@ -193,9 +192,9 @@ class NvmlCollector:
         """Send what waits in batches, then one reading of the domain clock between two UTC ones
         (read after every sample sent, so all of them can be placed)."""
         self.sink.send_pending()
-        before = self._utc()
-        reading = self._domain()
-        after = self._utc()
+        before = self._clock.wall_ns()
+        reading = self._clock.mono_ns()
+        after = self._clock.wall_ns()
         if self.sink.beacon(self.node, self.clock, reading, before, after):
             self.stats.beacons += 1
 
@@ -227,7 +226,7 @@ class NvmlCollector:
 
     def _sample(self, gpu: _Gpu, listed: set[int]) -> None:
         nv, call = self.nv, self._call
-        ts = self._domain()
+        ts = self._clock.mono_ns()
         procs: list[nf.ProcessUse] = []
         if self.processes and not gpu.has_mig:
             raw = call(gpu, "processes", nv.nvmlDeviceGetComputeRunningProcesses)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from agents.kafka.producer import SampleProducer
 from agents.kafka.topics import Topics
+from agents.runtime.timebase import SYSTEM_CLOCK, Clock
 from agents.settings import Settings
 from schemas.catalog import BY_NAME
 from schemas.codec import encode_batch, encode_beacon, encode_k8s_event, encode_sample
@@ -59,10 +60,11 @@ class SimulatorPublisher:
 
     def __init__(self, settings: Settings, params: SimParams, batch_size: int = 100, bad_every: int = 0,
                  clock_domains: bool = False, clock_reset_s: float | None = None, record: bool = False,
-                 scenario: Scenario | None = None) -> None:
+                 scenario: Scenario | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self.params = params
+        self.clock = clock
         self.batch_size = batch_size
         self.bad_every = bad_every
         self.sim = ClusterSimulator(params, scenario)
@@ -204,12 +206,11 @@ class SimulatorPublisher:
                 self.producer.send(self.topics.clock_sync, encode_beacon(b), node)
 
     def live(self, duration_s: float, stop: threading.Event | None = None, step_s: float = 0.1,
-             clock_ns: Callable[[], int] = time.time_ns,
              on_step: Callable[[PublishStats], None] | None = None) -> PublishStats:
         """Publish in real time: at each step, every sample whose event time has passed."""
         end = self.until_ns + int(duration_s * _S)
         while stop is None or not stop.is_set():
-            now = min(clock_ns(), end)
+            now = min(self.clock.wall_ns(), end)
             self._publish(now)
             if on_step is not None:
                 on_step(self.stats)

@@ -38,8 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +46,7 @@ import orjson
 from agents.kafka.topics import ALERTS, aiokafka_config, confluent_config
 from agents.runtime.backoff import Backoff
 from agents.runtime.logs import redact
+from agents.runtime.timebase import SYSTEM_CLOCK, Clock
 from agents.settings import Settings
 
 # The pure book lives in agents/sinks/alert_book.py; its names are re-exported for callers and tests.
@@ -100,7 +99,7 @@ class AlertForwarder:
     """Reads the alerts topic and keeps Alertmanager in step with it until ``stop`` is set."""
 
     def __init__(self, settings: Settings, url: str, params: ForwardParams, group: str | None = None,
-                 clock: Callable[[], int] = time.time_ns, http_timeout_s: float = 10.0) -> None:
+                 clock: Clock = SYSTEM_CLOCK, http_timeout_s: float = 10.0) -> None:
         self.topic = settings.topic_prefix + ALERTS
         self.params = params
         self.book = AlertBook(params)
@@ -130,7 +129,7 @@ class AlertForwarder:
                          self.params.resend_ns / S, self.params.ends_after_ns / S)
                 while not stop.is_set():
                     batch = await consumer.getmany(timeout_ms=200, max_records=1000)
-                    now = self._clock()
+                    now = self._clock.wall_ns()
                     for tp, records in batch.items():
                         for rec in records:
                             self._take(rec.value, tp.partition, rec.offset, now)
@@ -204,7 +203,7 @@ class AlertForwarder:
                         exc_info=exc_info)
 
     async def _post_due(self, http: Any) -> None:
-        now = self._clock()
+        now = self._clock.wall_ns()
         if now < self._backoff.retry_at_ns:
             return
         batch = self.book.due(now, held={tp.partition for tp in self._targets})
@@ -222,7 +221,7 @@ class AlertForwarder:
 
     def _settle(self, batch: list[Alert], status: int | None, detail: str) -> bool:
         """Book Alertmanager's answer to a post; whether to go on posting now."""
-        now = self._clock()
+        now = self._clock.wall_ns()
         if status == 200:
             self.book.sent(batch, now)
             self.stats.posts += 1

@@ -48,20 +48,23 @@ class Sink:
 
 
 class Clock:
-    """Domain time advancing 100 ms per reading, so rates are exact."""
+    """Domain (monotonic) time advancing 100 ms per reading, so rates are exact; UTC 1 us per reading."""
 
     def __init__(self) -> None:
         self.t = 5 * 10**9
+        self.utc = iter(range(10**18, 10**19, 1000))
 
-    def __call__(self) -> int:
+    def mono_ns(self) -> int:
         self.t += 100_000_000
         return self.t
+
+    def wall_ns(self) -> int:
+        return next(self.utc)
 
 
 def _collector(nv: FakeNvml, tmp_path: Path, **kw: Any) -> tuple[NvmlCollector, Sink]:
     sink = Sink()
-    c = NvmlCollector(nv, sink, "node-7", region="us-east", proc_root=tmp_path, domain_clock=Clock(),
-                      utc_clock=iter(range(10**18, 10**19, 1000)).__next__, **kw)
+    c = NvmlCollector(nv, sink, "node-7", region="us-east", proc_root=tmp_path, clock=Clock(), **kw)
     return c, sink
 
 
