@@ -48,9 +48,11 @@ from agents.runtime.backoff import Backoff
 from agents.runtime.logs import redact
 from agents.runtime.timebase import SYSTEM_CLOCK, Clock
 from agents.settings import Settings
+from schemas.alerts import Alert, AlertDecodeError, decode_alert
+from schemas.counters import Counters
 
-# The pure book lives in agents/sinks/alert_book.py; its names are re-exported for callers and tests.
-from agents.sinks.alert_book import (
+# The pure book lives in streams/alerting/alert_book.py; its names are re-exported for callers and tests.
+from streams.alerting.alert_book import (
     AlertBook,
     ForwardParams,
     S,
@@ -59,8 +61,6 @@ from agents.sinks.alert_book import (
     postable,
     rfc3339,
 )
-from schemas.alerts import Alert, AlertDecodeError, decode_alert
-from schemas.counters import Counters
 
 __all__ = ["AlertBook", "AlertForwarder", "ForwardParams", "ForwardStats", "S", "alert_annotations", "alert_labels",
            "postable", "refused_for_good", "rfc3339"]

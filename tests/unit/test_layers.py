@@ -181,6 +181,7 @@ ROOMS: dict[str, set[str]] = {
     "streams.sim": set(),
     "streams.detect": {"streams.align"},
     "streams.decide": {"streams.align", "streams.efficiency", "streams.detect"},
+    "streams.alerting": set(),
     "agents.kafka": {"agents.settings"},
     "agents.runtime": {"agents.settings", "agents.kafka"},
     "agents.sinks": {"agents.settings", "agents.kafka", "agents.runtime"},
