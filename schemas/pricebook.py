@@ -41,7 +41,6 @@ import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
 from typing import Final
 
@@ -93,15 +92,6 @@ class PriceBook:
             return None
         in_region = self.regions.get(region.strip().lower(), {}) if region else {}
         return in_region.get(model, self.default.get(model))
-
-
-def load_price_book(path: str | Path) -> PriceBook:
-    """Read and parse a price book file; an unreadable file is a PriceBookError without a line."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PriceBookError(str(path), None, f"cannot read the price book: {exc}") from None
-    return parse_price_book(text, str(path))
 
 
 def parse_price_book(text: str, source: str) -> PriceBook:

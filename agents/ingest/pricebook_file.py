@@ -13,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 
 from agents.runtime.timebase import Clock
-from schemas.pricebook import PriceBook, PriceBookError, load_price_book, parse_price_book
+from schemas.pricebook import PriceBook, PriceBookError, parse_price_book
 
 log = logging.getLogger("agents.ingest.pricebook_file")
 EXAMPLE_SOURCE = "schemas/prices.example.toml (shipped EXAMPLE prices)"
@@ -82,6 +82,15 @@ class PriceBookFile:
     def _failed(self, exc: PriceBookError) -> None:
         self.error = str(exc)
         log.error("price book: %s; keeping the prices loaded before", exc)
+
+
+def load_price_book(path: str | Path) -> PriceBook:
+    """Read and parse a price book file; an unreadable file is a PriceBookError without a line."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PriceBookError(str(path), None, f"cannot read the price book: {exc}") from None
+    return parse_price_book(text, str(path))
 
 
 def _stamp(path: Path) -> Stamp:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from agents.ingest.pricebook_file import load_price_book
 from schemas.gpus import SPECS, peak_tflops
-from schemas.pricebook import PriceBook, PriceBookError, _toml_error, find_line, load_price_book, parse_price_book
+from schemas.pricebook import PriceBook, PriceBookError, _toml_error, find_line, parse_price_book
 
 BOOK = """\
 # test prices
