@@ -101,11 +101,23 @@ class FrameMessage:
 
 def encode_frame_message(m: FrameMessage) -> bytes:
     """Compact JSON with sorted keys: equal messages give equal bytes."""
-    gpus = [{"gpu": g.gpu, "id": g.id, "labels": dict(g.labels), "values": dict(g.values),
-             "derived": {c: g.derived.get(c) for c in DERIVED_COLUMNS}, "note": g.note,
-             "clock_uncertainty_us": g.clock_uncertainty_us} for g in m.gpus]
-    return orjson.dumps({"v": FRAME_VERSION, "id": m.id, "node": m.node, "tick_ns": m.tick_ns,
-                         "grid_ns": m.grid_ns, "gpus": gpus}, option=orjson.OPT_SORT_KEYS)
+    return encode_frame_doc(m.node, m.tick_ns, m.grid_ns, [
+        gpu_doc(g.gpu, g.id, dict(g.labels), dict(g.values), {c: g.derived.get(c) for c in DERIVED_COLUMNS}, g.note,
+                g.clock_uncertainty_us) for g in m.gpus])
+
+
+def gpu_doc(gpu: str, id: str, labels: Mapping[str, str | int], values: Mapping[str, float],
+            derived: Mapping[str, float | None], note: str, clock_uncertainty_us: float) -> dict[str, object]:
+    """One GPU frame of a message, as JSON; ``encode_frame_message`` and the writer's columnar encoder
+    (``agents.sinks.frames_out``) both build it here, so their bytes cannot drift apart."""
+    return {"gpu": gpu, "id": id, "labels": labels, "values": values, "derived": derived, "note": note,
+            "clock_uncertainty_us": clock_uncertainty_us}
+
+
+def encode_frame_doc(node: str, tick_ns: int, grid_ns: int, gpus: list[dict[str, object]]) -> bytes:
+    """The message of one node's tick from its ``gpu_doc`` entries: compact JSON with sorted keys."""
+    return orjson.dumps({"v": FRAME_VERSION, "id": message_id(node, tick_ns), "node": node, "tick_ns": tick_ns,
+                         "grid_ns": grid_ns, "gpus": gpus}, option=orjson.OPT_SORT_KEYS)
 
 
 def decode_frame_message(data: bytes) -> FrameMessage:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 import sys
 import time
 from collections import Counter
@@ -33,13 +34,14 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import click
 import orjson
 
+from agents.collect.batching import Batcher, OpenBatch, SeriesKey
 from agents.kafka.producer import DeliveryError, SampleProducer
 from agents.kafka.topics import Topics
 from agents.settings import Settings
 from schemas.catalog import BY_NAME
 from schemas.codec import decode_beacon, decode_k8s_event, decode_samples, encode_batch, encode_sample
 from schemas.counters import Counters
-from schemas.records import UTC_CLOCK, ClockBeacon, K8sEvent, Labels, Reject, Sample, SampleBatch
+from schemas.records import UTC_CLOCK, ClockBeacon, K8sEvent, Reject, Sample, SampleBatch
 from schemas.topic_schemas import CLOCK_SYNC, K8S_EVENTS
 from streams.formats.nvsmi_csv import CsvFormatError, GpuRow, NvsmiCsvReader, Problem
 
@@ -101,41 +103,39 @@ def detect_format(path: Path) -> Literal["jsonl", "nvsmi-csv"]:
     return "nvsmi-csv"
 
 
-class _Batcher:
-    """Buffers each series' samples and sends them as batch messages of ``batch_size``."""
+class _RowSender:
+    """Sends each series' rows as batch messages of ``batch_size`` through the ``Batcher``: one open batch
+    per series, closed when full, when its labels change (a batch carries one label set) and on flush."""
 
     def __init__(self, producer: Sender, topics: Topics, batch_size: int) -> None:
         self.producer, self.batch_size = producer, batch_size
         self.topic_of = {name: topics.prefix + s.topic for name, s in BY_NAME.items()}
-        self.buffers: dict[tuple[str, str, str], tuple[Labels, list[int], list[float]]] = {}
+        self.sensor_of = {topic: name for name, topic in self.topic_of.items()}
+        self.batcher = Batcher(batch_size, math.inf)  # no age limit: rows go out when full or on flush
         self.messages = 0
 
     def add(self, node: str, row: GpuRow) -> None:
         for sensor, value in row.values:
-            key = (sensor, node, row.gpu)
-            buf = self.buffers.get(key)
-            if buf is not None and buf[0] != row.labels:  # a batch carries one label set
-                self._send(key)
-                buf = None
-            if buf is None:
-                buf = self.buffers[key] = (row.labels, [], [])
-            buf[1].append(row.ts_ns)
-            buf[2].append(value)
-            if len(buf[1]) >= self.batch_size:
-                self._send(key)
+            key: SeriesKey = (self.topic_of[sensor], node, row.gpu, UTC_CLOCK, ())
+            open_ = self.batcher.get(key)
+            if open_ is not None and (open_.labels or None) != (row.labels or None):
+                self._send(open_)
+                self.batcher.take(key)
+            full = self.batcher.add(key, row.labels, row.ts_ns, value, now=0.0)
+            if full is not None:
+                self._send(full)
 
-    def _send(self, key: tuple[str, str, str]) -> None:
-        labels, ts, vals = self.buffers.pop(key)
-        sensor, node, gpu = key
-        batch = SampleBatch(sensor, node, gpu, ts, vals, UTC_CLOCK, labels or None)
-        value = encode_sample(Sample(sensor, node, gpu, ts[0], vals[0], UTC_CLOCK, labels or None)) \
-            if self.batch_size == 1 else encode_batch(batch)
-        self.producer.send(self.topic_of[sensor], value, node)
+    def _send(self, batch: OpenBatch) -> None:
+        sensor, node, gpu, labels = self.sensor_of[batch.topic], batch.node, batch.key[2], batch.labels or None
+        value = encode_sample(Sample(sensor, node, gpu, batch.ts_ns[0], batch.value[0], UTC_CLOCK, labels)) \
+            if self.batch_size == 1 else encode_batch(SampleBatch(sensor, node, gpu, batch.ts_ns, batch.value,
+                                                                  UTC_CLOCK, labels))
+        self.producer.send(batch.topic, value, node)
         self.messages += 1
 
     def flush(self) -> None:
-        for key in list(self.buffers):
-            self._send(key)
+        for batch in self.batcher.drain():
+            self._send(batch)
         self.producer.poll()
 
 
@@ -243,7 +243,7 @@ def replay(settings: Settings, paths: list[Path], fmt: Format = "auto", speed: S
     tz = tz or ZoneInfo("UTC")
     topics = Topics(settings.topic_prefix)
     producer = producer or SampleProducer(settings)
-    batcher = _Batcher(producer, topics, batch_size)
+    batcher = _RowSender(producer, topics, batch_size)
     summaries: list[FileSummary] = []
     streams: list[Iterator[tuple[int, int, int, Item]]] = []
     handles = []

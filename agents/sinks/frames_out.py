@@ -15,17 +15,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
-import orjson
-
 from agents.kafka.producer import SampleProducer
-from schemas.frame_messages import FRAME_VERSION, frame_id, message_id
+from schemas.frame_messages import encode_frame_doc, frame_id, gpu_doc
 from schemas.frames import DERIVED_COLUMNS, VALUE_COLUMNS
 from streams.align.aggregate import FrameBatch
 
 
 def encode_batch(batch: FrameBatch, grid_ns: int) -> Iterator[tuple[str, int, bytes]]:
     """(node, tick_ns, message) per node and tick of ``batch``, in the bytes ``encode_frame_message``
-    gives (a test holds them equal); built from the columns directly, because this runs per flush.
+    gives (both build the document with ``gpu_doc`` and ``encode_frame_doc``); read from the columns
+    directly, because this runs per flush.
     Labels go as they are: the codec kept only known label keys."""
     n = len(batch)
     if not n:
@@ -40,13 +39,10 @@ def encode_batch(batch: FrameBatch, grid_ns: int) -> Iterator[tuple[str, int, by
         node, gpu, tick = batch.node[i], batch.gpu[i], ticks[i]
         values = {c: v[i] for c, v in vals.items() if v[i] == v[i]}  # NaN != NaN: an empty cell
         derived = {c: (None if d[i] is None or d[i] != d[i] else d[i]) for c, d in der.items()}
-        groups.setdefault((node, tick), []).append({
-            "gpu": gpu, "id": frame_id(node, gpu, tick), "labels": batch.labels[i], "values": values,
-            "derived": derived, "note": notes[i], "clock_uncertainty_us": unc[i]})
+        groups.setdefault((node, tick), []).append(
+            gpu_doc(gpu, frame_id(node, gpu, tick), batch.labels[i], values, derived, notes[i], unc[i]))
     for (node, tick), gpus in groups.items():
-        doc = {"v": FRAME_VERSION, "id": message_id(node, tick), "node": node, "tick_ns": tick, "grid_ns": grid_ns,
-               "gpus": gpus}
-        yield node, tick, orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
+        yield node, tick, encode_frame_doc(node, tick, grid_ns, gpus)
 
 
 class FramePublisher:

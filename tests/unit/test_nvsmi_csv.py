@@ -260,3 +260,33 @@ def test_the_replay_command_refuses_an_unknown_zone_before_touching_kafka() -> N
     out = CliRunner().invoke(replay_command, [str(FIXTURES / "uuid_only.csv"), "--tz", "Mars/Olympus"],
                              obj=Settings(kafka_bootstrap="127.0.0.1:1"))
     assert out.exit_code == 2 and "'Mars/Olympus' is not an IANA time zone" in out.output
+
+
+def test_the_replay_sends_one_label_set_per_batch_in_series_order() -> None:
+    from agents.collect.replay import _RowSender
+    from agents.kafka.topics import Topics
+    from schemas.codec import decode_samples
+    from schemas.records import SampleBatch
+
+    class Sent:
+        def __init__(self) -> None:
+            self.messages: list[tuple[str, bytes]] = []
+
+        def send(self, topic: str, value: bytes, key: str | bytes | None = None) -> None:
+            self.messages.append((topic, value))
+
+        def poll(self) -> None:
+            pass
+
+        def flush(self) -> None:
+            pass
+
+    out = Sent()
+    rows = _RowSender(out, Topics(""), batch_size=3)
+    a, b = {"gpu_model": "L4"}, {"gpu_model": "L4", "pod": "p"}
+    for i, labels in enumerate([a, a, b, b, b, b, a]):
+        rows.add("n", GpuRow(i, i, "0", (("power", 100.0 + i),), labels))
+    rows.flush()
+    batches = [decode_samples(v, "power") for _, v in out.messages]
+    got = [[(s.ts_ns, dict(s.labels or {})) for s in b.samples()] for b in batches if isinstance(b, SampleBatch)]
+    assert got == [[(0, a), (1, a)], [(2, b), (3, b), (4, b)], [(5, b)], [(6, a)]] and rows.messages == 4

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import doctest
 import time
 from typing import Any
 
 import orjson
 import pytest
 
-from agents.collect.sdk import Batcher, Publisher, check_sample, read_domain_clock
+import agents.collect.batching
+from agents.collect.batching import Batcher
+from agents.collect.sdk import Publisher, check_sample, read_domain_clock
 from agents.settings import Settings
 from schemas.codec import decode_beacon, decode_samples
 from schemas.records import ClockBeacon, SampleBatch
@@ -145,6 +148,24 @@ def test_batcher_due_and_drain() -> None:
     assert [x.value for x in b.drain()] == [[2.0]] and b.pending == 0
     with pytest.raises(ValueError):
         Batcher(max_batch=0)
+
+
+def test_batcher_take_closes_one_series() -> None:
+    # The replay closes a series' batch when its labels change: take it, and the count follows.
+    b = Batcher(max_batch=10, max_age_s=1.0)
+    k = ("t", "n", "0", "utc", ())
+    b.add(k, {"pod": "a"}, 1, 1.0, now=0.0)
+    b.add(k, {"pod": "a"}, 2, 2.0, now=0.0)
+    got = b.get(k)
+    assert got is not None and got.labels == {"pod": "a"}
+    taken = b.take(k)
+    assert taken is got and taken.ts_ns == [1, 2] and b.pending == 0 and b.get(k) is None
+    assert b.take(k) is None
+
+
+def test_the_batcher_module_examples_run() -> None:
+    result = doctest.testmod(agents.collect.batching, report=True)
+    assert result.attempted >= 1 and result.failed == 0
 
 
 def test_bounded_buffer_drops_and_counts_while_kafka_is_down() -> None:
