@@ -20,6 +20,7 @@ from rich.live import Live
 from rich.table import Table
 
 from agents.app import create_app
+from agents.collect.scenario_file import load_scenario
 from agents.collect.simulator import PublishStats, SimulatorPublisher
 from agents.ingest.worker import Ingestor, IngestStats
 from agents.kafka.admin import ensure_topics
@@ -28,7 +29,6 @@ from agents.sinks.clickhouse import open_backend
 from schemas.alerts import Alert
 from schemas.frame_messages import FrameMessage, GpuFrame
 from streams.decide.rules import Decision
-from streams.sim.scenario import load_scenario
 from streams.sim.simulate import SimParams
 
 # Piped output (CI logs, `| tee`) gets a width that fits the summary instead of rich's 80.

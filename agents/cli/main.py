@@ -179,9 +179,10 @@ async def _stop_when_idle(ingestor: Any, stop: asyncio.Event, idle_s: float) -> 
 def simulate(ctx: click.Context, nodes: int, gpus: int, duration: float | None, seed: int, batch_size: int, mode: str,
              bad_every: int, clock_domains: bool, clock_reset: float | None, scenario_file: str | None) -> None:
     """Publish a simulated GPU cluster (all 23 streams and K8s events) to Kafka."""
+    from agents.collect.scenario_file import load_scenario
     from agents.collect.simulator import SimulatorPublisher
     from agents.kafka.admin import ensure_topics
-    from streams.sim.scenario import Scenario, ScenarioError, load_scenario
+    from streams.sim.scenario import Scenario, ScenarioError
     from streams.sim.simulate import SimParams
 
     settings = _settings(ctx)

@@ -47,7 +47,6 @@ import math
 import re
 import tomllib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Final, Literal, cast
 
 from streams.sim.physics import node_name
@@ -182,16 +181,6 @@ class Scenario:
             if e.gpu != ANY and int(e.gpu) >= gpus:
                 raise ScenarioError(self.source, f"gpu {e.gpu!r} is not in the cluster: nodes have {gpus} GPU(s), "
                                     f"0..{gpus - 1}", e.index, e.line)
-
-
-def load_scenario(path: str | Path) -> Scenario:
-    """Read and parse a scenario file; errors name ``path``."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError(str(p), f"cannot read: {exc}") from None
-    return parse_scenario(text, str(p))
 
 
 def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:

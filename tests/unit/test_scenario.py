@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 import streams.sim.play
 import streams.sim.scenario
+from agents.collect.scenario_file import load_scenario
 from schemas.records import K8sEvent
 from streams.sim.scenario import (
     ALERT_MIN_DEPTH,
@@ -20,7 +21,6 @@ from streams.sim.scenario import (
     ScenarioError,
     ScenarioEvent,
     TruthEvent,
-    load_scenario,
     parse_scenario,
 )
 from streams.sim.simulate import ClusterSimulator, SimParams
