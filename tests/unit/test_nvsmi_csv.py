@@ -266,7 +266,7 @@ def test_the_replay_sends_one_label_set_per_batch_in_series_order() -> None:
     from agents.collect.replay import _RowSender
     from agents.kafka.topics import Topics
     from schemas.codec import decode_samples
-    from schemas.records import SampleBatch
+    from schemas.records import Labels, SampleBatch
 
     class Sent:
         def __init__(self) -> None:
@@ -278,12 +278,13 @@ def test_the_replay_sends_one_label_set_per_batch_in_series_order() -> None:
         def poll(self) -> None:
             pass
 
-        def flush(self) -> None:
+        def flush(self, timeout_s: float = 30.0) -> None:
             pass
 
     out = Sent()
     rows = _RowSender(out, Topics(""), batch_size=3)
-    a, b = {"gpu_model": "L4"}, {"gpu_model": "L4", "pod": "p"}
+    a: Labels = {"gpu_model": "L4"}
+    b: Labels = {"gpu_model": "L4", "pod": "p"}
     for i, labels in enumerate([a, a, b, b, b, b, a]):
         rows.add("n", GpuRow(i, i, "0", (("power", 100.0 + i),), labels))
     rows.flush()
