@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-import signal
 import sys
 
 import click
-import orjson
 
+from agents.runtime.entry import run_until_signal, stopped, write_summary
 from agents.settings import Settings
 
 
@@ -54,15 +52,8 @@ def forward(ctx: click.Context, url: str, resend_s: float, ends_after_s: float |
     ensure_topics(settings)
     forwarder = AlertForwarder(settings, url, params, group=group)
 
-    async def main() -> ForwardStats:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        return await forwarder.run(stop)
-
     try:
-        st = asyncio.run(main())
+        st: ForwardStats = run_until_signal(forwarder.run)
     except (KafkaError, RuntimeError) as exc:
         raise click.ClickException(f"alert forwarder stopped: {exc}") from None
-    sys.stdout.write(orjson.dumps({"event": "stopped", **st.as_dict()}).decode() + "\n")
+    write_summary(stopped(st), sys.stdout)

@@ -17,7 +17,8 @@ import click
 import orjson
 
 from agents.cli.lazy import LazyGroup
-from agents.settings import Settings, SettingsError, load_settings
+from agents.runtime.entry import load_or_usage, run_until_signal, setup_logging, stopped, write_summary
+from agents.settings import Settings, SettingsError
 
 log = logging.getLogger("flopwatch")
 
@@ -45,16 +46,8 @@ def _check_policy(settings: Settings) -> None:
 @click.pass_context
 def cli(ctx: click.Context, config_file: str | None, verbose: bool) -> None:
     """flopwatch: what your GPU cluster's compute really costs, streamed from Kafka into ClickHouse."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    logging.getLogger("aiokafka").setLevel(logging.WARNING)
-    from agents.runtime.logs import quiet_kafka_startup
-
-    quiet_kafka_startup()
-    try:
-        ctx.obj = load_settings(config_file=config_file)
-    except SettingsError as exc:
-        raise click.UsageError(str(exc)) from None
+    setup_logging(verbose)
+    ctx.obj = load_or_usage(config_file)
 
 
 @cli.command()
@@ -84,7 +77,7 @@ def worker(ctx: click.Context, progress: str, exit_when_idle: float | None, runt
 
     def report(st: IngestStats) -> None:
         if progress == "json":
-            sys.stderr.write(orjson.dumps({"event": "flush", **st.as_dict()}).decode() + "\n")
+            write_summary({"event": "flush", **st.as_dict()})
         elif progress == "text":
             log.info("samples=%d frames=%d rejects=%d lag=%s open_cells=%d", st.samples, st.frames_written,
                      sum(st.rejects.values()), st.lag, st.open_cells)
@@ -101,17 +94,12 @@ def worker(ctx: click.Context, progress: str, exit_when_idle: float | None, runt
         return
     ingestor = Ingestor(settings)
 
-    async def main() -> IngestStats:
-        stop = asyncio.Event()
+    def on_signal(loop: asyncio.AbstractEventLoop) -> None:
+        # Commits follow durable writes, so a hard exit after the grace period loses nothing.
+        loop.call_later(SHUTDOWN_GRACE_S, _hard_exit)
+
+    async def main(stop: asyncio.Event) -> IngestStats:
         loop = asyncio.get_running_loop()
-
-        def on_signal() -> None:
-            stop.set()
-            # Commits follow durable writes, so a hard exit after the grace period loses nothing.
-            loop.call_later(SHUTDOWN_GRACE_S, _hard_exit)
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, on_signal)
         loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
         watcher = None
         if exit_when_idle is not None:
@@ -123,7 +111,7 @@ def worker(ctx: click.Context, progress: str, exit_when_idle: float | None, runt
                 watcher.cancel()
 
     try:
-        st = asyncio.run(main())
+        st = run_until_signal(main, on_signal)
     except (CommitError, KafkaError) as exc:
         raise click.ClickException(f"worker stopped: {exc}") from None
     report(st)
@@ -325,20 +313,13 @@ def act(ctx: click.Context, dry_run: bool, webhook: str | None, execute: bool, k
                        exit_when_idle_s=exit_when_idle)
     ensure_topics(settings)
 
-    async def main(ledger: ActLedger) -> ActStats:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        return await TriggerConsumer(settings, sink, ledger, params).run(stop)
-
     try:
         with ActLedger(state, sink.mode) as ledger:
-            st = asyncio.run(main(ledger))
+            st: ActStats = run_until_signal(TriggerConsumer(settings, sink, ledger, params).run)
     except (LedgerError, KafkaError, RuntimeError) as exc:
         raise click.ClickException(f"flopwatch act stopped: {exc}") from None
     # stdout holds the dry run's commands and nothing else; the summary goes with the logs.
-    sys.stderr.write(orjson.dumps({"event": "stopped", **st.as_dict()}).decode() + "\n")
+    write_summary(stopped(st))
 
 
 from agents.cli.alerts import alerts  # noqa: E402  (a group of its own module, hung on cli here)

@@ -11,6 +11,7 @@ import threading
 import click
 
 from agents.collect.nvml import NoDriver, NvmlCollector
+from agents.runtime.entry import settings_of, stop_on_signal
 
 log = logging.getLogger("agents.collect.nvml")
 
@@ -38,21 +39,15 @@ def _default_node() -> str:
 def nvml_command(ctx: click.Context, interval_ms: int, node: str | None, region: str | None, duration: float | None,
                  proc_root: str, processes: bool, linger_ms: int, max_buffered: int) -> None:
     """Sample every GPU of this node through NVML and publish to the sensor topics (clock nvml:<node>)."""
-    import signal
 
     from agents.collect.sdk import Publisher
-    from agents.settings import Settings, SettingsError, load_settings
 
     try:
         import pynvml
     except ImportError:
         click.echo("flopwatch collect nvml: the nvidia-ml-py package (pynvml) is not installed", err=True)
         sys.exit(2)
-    root = ctx.find_root().obj
-    try:
-        settings = root if isinstance(root, Settings) else load_settings()
-    except SettingsError as exc:
-        raise click.UsageError(str(exc)) from None
+    settings = settings_of(ctx)
     node = node or _default_node()
     region = region if region is not None else os.environ.get("FLOPWATCH_REGION") or os.environ.get("REGION", "")
     pub = Publisher(settings, max_age_ms=linger_ms, max_buffered=max_buffered)
@@ -72,8 +67,7 @@ def nvml_command(ctx: click.Context, interval_ms: int, node: str | None, region:
     log.info("sampling %d GPUs of %s every %d ms (clock %s): %s", len(ids), node, interval_ms, collector.clock,
              ", ".join(ids))
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop_on_signal(stop)
     reported = [0]
 
     def report() -> None:

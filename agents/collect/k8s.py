@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -31,8 +29,9 @@ import click
 import orjson
 
 from agents.kafka.topics import Topics, confluent_config
+from agents.runtime.entry import settings_of, setup_logging, stop_on_signal, write_summary
 from agents.runtime.timebase import SYSTEM_CLOCK, Clock
-from agents.settings import Settings, SettingsError, load_settings
+from agents.settings import Settings
 from schemas.codec import encode_k8s_event
 from streams.formats.k8s_watch import RESOURCES, Publish, Resource, WatchParams, WatchState
 
@@ -350,25 +349,19 @@ def _header(headers: Any, name: str) -> str | None:
 def k8s_command(ctx: click.Context, kubeconfig: str | None, namespace: str | None, state_path: str,
                 duration: float | None, exit_after: int | None) -> None:
     """Publish the cluster's Events and pod labels (workload, class, node, GPUs) to k8s.events."""
-    settings = ctx.obj if isinstance(ctx.obj, Settings) else None
-    if settings is None:
-        try:
-            settings = load_settings()
-        except SettingsError as exc:
-            raise click.UsageError(str(exc)) from None
+    settings = settings_of(ctx)
     from agents.kafka.admin import ensure_topics
 
     api = api_client(kubeconfig)  # no credentials: say so before touching Kafka
     ensure_topics(settings)
     collector = K8sCollector(settings, api, namespace, StateFile(Path(state_path)))
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: collector.stop.set())
+    stop_on_signal(collector.stop)
     log.info("collecting %s of %s into %s", "pods and events", f"namespace {namespace}" if namespace else
              "all namespaces", collector.topic)
     collector.run(duration, exit_after)
-    sys.stderr.write(orjson.dumps(collector.summary()).decode() + "\n")
+    write_summary(collector.summary())
 
 
 if __name__ == "__main__":  # the lead hangs k8s_command under `flopwatch collect`; tests run the module
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging()
     k8s_command()
