@@ -33,7 +33,8 @@ from agents.runtime.entry import settings_of, setup_logging, stop_on_signal, wri
 from agents.runtime.timebase import SYSTEM_CLOCK, Clock
 from agents.settings import Settings
 from schemas.codec import encode_k8s_event
-from streams.formats.k8s_watch import RESOURCES, Publish, Resource, WatchParams, WatchState
+from streams.formats.k8s_objects import WatchParams
+from streams.formats.k8s_watch import RESOURCES, Publish, Resource, WatchState
 
 log = logging.getLogger(__name__)
 DEDUPE_HEADER = "flopwatch.k8s.id"

@@ -8,10 +8,12 @@ from typing import Any
 
 import orjson
 
+import streams.formats.k8s_objects
 import streams.formats.k8s_watch
 from schemas.codec import decode_k8s_event, encode_k8s_event
 from schemas.records import K8sEvent
-from streams.formats.k8s_watch import Publish, WatchParams, WatchState, gpu_ids, parse_time_ns, pod_info, workload_of
+from streams.formats.k8s_objects import WatchParams, gpu_ids, parse_time_ns, pod_info, workload_of
+from streams.formats.k8s_watch import Publish, WatchState
 
 T0 = 1_796_310_000 * 10**9  # 2026-12-03T15:00:00Z
 
@@ -48,8 +50,9 @@ def ids(pubs: list[Publish]) -> list[str]:
 
 
 def test_doctests_pass() -> None:
-    result = doctest.testmod(streams.formats.k8s_watch, report=True)
-    assert result.attempted > 0 and result.failed == 0
+    for module in (streams.formats.k8s_watch, streams.formats.k8s_objects):
+        result = doctest.testmod(module, report=True)
+        assert result.attempted > 0 and result.failed == 0
 
 
 def test_event_of_a_known_pod_maps_to_the_wire_format() -> None:
