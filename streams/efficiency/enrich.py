@@ -5,6 +5,17 @@ and the L1 spike engine, which has to see the raw sub-second samples, so the ali
 taps them on their way in (``TappedAligner``), after the same clock correction the
 aligner applies. The price book comes from ``prices``, called once per batch: the agents
 hand in a function that re-reads the file the user edits.
+
+>>> from schemas.pricebook import parse_price_book
+>>> book = parse_price_book('version = 1\\n[default]\\nH100 = 4.0\\n', "prices.toml")
+>>> enricher = Enricher(lambda: book, grid_ns=1_000_000_000)
+>>> aligner = TappedAligner(AlignParams(allowed_lateness_ns=0), Recovered(), enricher)
+>>> util = BY_NAME["gpu_util"].index
+>>> aligner.add("n", "0", util, [0, 100_000_000], [50.0, 99.0], {"gpu_model": "H100"})
+>>> aligner.add("n", "0", util, [1_100_000_000], [40.0])  # moves the watermark past the first tick
+>>> batch = enricher.enrich(aligner.advance(now_ns=0).frames)
+>>> batch.column("gpu_util_p99").tolist(), batch.notes
+([99.0], ['no_activity,no_power'])
 """
 
 from __future__ import annotations
