@@ -15,28 +15,24 @@ NVML errors skip that reading for the tick, logged once per (gpu, field, error).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from agents.collect.nvml_devices import CollectStats, Gpu, GpuLost, NoDriver, NvmlDevices
 from agents.runtime.timebase import SYSTEM_CLOCK, Clock
-from schemas.counters import Counters
 from schemas.records import Labels
 from streams.formats import nvml_fields as nf
+
+__all__ = ["CollectStats", "NoDriver", "NvmlCollector", "Sink"]
 
 log = logging.getLogger(__name__)
 _NS = 1_000_000_000
 _MAX_EVENTS_PER_TICK = 64  # an XID storm must not stall sampling
-
-
-class NoDriver(RuntimeError):
-    """NVML could not start: no library or no loaded driver on this machine."""
 
 
 class Sink(Protocol):
@@ -52,140 +48,32 @@ class Sink(Protocol):
     def send_pending(self) -> None: ...
 
 
-class _Lost(Exception):
-    """Raised inside this module when NVML says a GPU is lost."""
-
-
-class _Never(Exception):
-    """Stands in for an error class the NVML module does not define."""
-
-
-@dataclass(slots=True)
-class _Gpu:
-    id: str  # UUID, or the MIG instance's UUID
-    handle: Any
-    base_labels: Labels
-    parent: str | None = None  # the physical GPU's id, for a MIG instance
-    has_mig: bool = False  # a physical GPU in MIG mode: its instances report the processes
-    events: Any = None  # an NVML event set for XID errors
-    slot: int = 0  # position among the sampled GPUs at start (staggers the PCIe fallback)
-    counters: dict[str, tuple[int, int]] = field(default_factory=dict)  # sensor -> last (ts, raw count)
-
-
-@dataclass(slots=True)
-class CollectStats(Counters):
-    ticks: int = 0
-    samples: int = 0
-    beacons: int = 0
-    gpus_lost: int = 0
-    errors: int = 0  # readings skipped for a transient NVML error
-    out_of_range: int = 0
-
-
-class NvmlCollector:
+class NvmlCollector(NvmlDevices):
     """Reads NVML every tick and sends samples to ``sink``; see the module docstring."""
 
     def __init__(self, nvml: Any, sink: Sink, node: str, region: str = "", proc_root: str | Path = "/proc",
                  processes: bool = True, pcie_fallback_ticks: int = 10,
                  clock: Clock = SYSTEM_CLOCK) -> None:
-        self.nv = nvml
+        NvmlDevices.__init__(self, nvml, region)
         self.sink = sink
         self.node = node
-        self.region = region
         self.proc_root = Path(proc_root)
         self.processes = processes
         self.pcie_fallback_ticks = pcie_fallback_ticks  # ticks between blocking PCIe throughput reads
         self.clock = f"nvml:{node}"
         self._clock = clock  # its monotonic time is the domain clock, its wall time UTC
-        self.memo = nf.UnsupportedMemo()
-        self.stats = CollectStats()
-        self.gpus: list[_Gpu] = []
         self._pods: dict[int, nf.PodRef | None] = {}  # pid -> pod, while the pid is listed
-        self._logged: set[tuple[str, str, str]] = set()
-        self._e_lost = getattr(nvml, "NVMLError_GpuIsLost", _Never)
-        self._e_timeout = getattr(nvml, "NVMLError_Timeout", _Never)
-        self._e_any = getattr(nvml, "NVMLError", _Never)
         # Field ids by value where an older nvidia-ml-py lacks the name (nvml.h's numbers).
         self._fi_pcie = [getattr(nvml, "NVML_FI_DEV_PCIE_COUNT_TX_BYTES", 197),
                          getattr(nvml, "NVML_FI_DEV_PCIE_COUNT_RX_BYTES", 198)]
         # Scope UINT_MAX asks for the sum over all links.
         self._fi_nvlink = [(getattr(nvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", 138), 0xFFFFFFFF),
                            (getattr(nvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", 139), 0xFFFFFFFF)]
-        self._e_unavailable = tuple(getattr(nvml, name, _Never) for name in (
-            "NVMLError_NotSupported", "NVMLError_FunctionNotFound", "NVMLError_NoPermission"))
-
-    # --- start and stop ------------------------------------------------------
-    def open(self) -> list[str]:
-        """Start NVML and find the GPUs (MIG instances as their own); returns their ids."""
-        no_driver = tuple(getattr(self.nv, n, _Never) for n in ("NVMLError_LibraryNotFound",
-                                                                 "NVMLError_DriverNotLoaded"))
-        try:
-            self.nv.nvmlInit()
-        except no_driver as exc:
-            raise NoDriver(f"NVML cannot start on this machine ({exc}): is the NVIDIA driver installed and "
-                           f"loaded, and is libnvidia-ml.so.1 visible to this process?") from None
-        except self._e_any as exc:
-            raise NoDriver(f"NVML cannot start: {exc}") from None
-        for index in range(self.nv.nvmlDeviceGetCount()):
-            try:
-                self.gpus += self._devices(self.nv.nvmlDeviceGetHandleByIndex(index), index)
-            except (self._e_lost, _Lost):
-                log.error("GPU %d is lost at start; not sampled", index)
-                self.stats.gpus_lost += 1
-        for slot, gpu in enumerate(self.gpus):
-            gpu.slot = slot
-        return [g.id for g in self.gpus]
-
-    def _devices(self, handle: Any, index: int) -> list[_Gpu]:
-        """The physical GPU at ``index``, then its MIG instances if MIG is on."""
-        gpu = self._device(handle, None)
-        out = [gpu]
-        mode = self._call(gpu, "mig", self.nv.nvmlDeviceGetMigMode)
-        if mode is None or mode[0] != getattr(self.nv, "NVML_DEVICE_MIG_ENABLE", 1):
-            return out
-        # MIG on: each instance is a GPU of its own (memory, processes); the physical GPU
-        # keeps what only it reports (power, temperature, clocks, PCIe, ECC, XID).
-        gpu.has_mig = True
-        for slot in range(self.nv.nvmlDeviceGetMaxMigDeviceCount(handle)):
-            try:
-                child = self.nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
-            except self._e_lost:
-                raise
-            except self._e_any:
-                continue  # an empty slot
-            out.append(self._device(child, gpu.id))
-        log.info("GPU %d (%s): MIG on, %d instances", index, gpu.id, len(out) - 1)
-        return out
-
-    def _device(self, handle: Any, parent: str | None) -> _Gpu:
-        labels: Labels = {"gpu_model": _text(self.nv.nvmlDeviceGetName(handle))}
-        if self.region:
-            labels["region"] = self.region
-        gpu = _Gpu(_text(self.nv.nvmlDeviceGetUUID(handle)), handle, labels, parent)
-        if parent is None:
-            gpu.events = self._call(gpu, "xid", self._xid_events)
-        return gpu
-
-    def _xid_events(self, handle: Any) -> Any:
-        event_set = self.nv.nvmlEventSetCreate()
-        try:
-            self.nv.nvmlDeviceRegisterEvents(handle, self.nv.nvmlEventTypeXidCriticalError, event_set)
-        except BaseException:
-            self.nv.nvmlEventSetFree(event_set)
-            raise
-        return event_set
 
     def close(self) -> None:
         """A last beacon (after every sample sent), then NVML's shutdown."""
         self.beacon()
-        for gpu in self.gpus:
-            if gpu.events is not None:
-                with contextlib.suppress(self._e_any):
-                    self.nv.nvmlEventSetFree(gpu.events)
-        try:
-            self.nv.nvmlShutdown()
-        except self._e_any as exc:
-            log.debug("nvmlShutdown: %s", exc)
+        self.shutdown()
 
     # --- sampling --------------------------------------------------------------
     def beacon(self) -> None:
@@ -201,12 +89,12 @@ class NvmlCollector:
     def tick(self) -> None:
         """Sample every GPU once."""
         self.stats.ticks += 1
-        lost: list[_Gpu] = []
+        lost: list[Gpu] = []
         listed: set[int] = set()
         for gpu in self.gpus:
             try:
                 self._sample(gpu, listed)
-            except _Lost:
+            except GpuLost:
                 lost.append(gpu)
         for gpu in lost:
             self._drop(gpu)
@@ -215,16 +103,7 @@ class NvmlCollector:
                 del self._pods[pid]
         self.sink.poll()
 
-    def _drop(self, gpu: _Gpu) -> None:
-        gone = [g for g in self.gpus if g is gpu or g.parent == gpu.id]
-        if not gone:
-            return  # a MIG instance whose physical GPU was dropped in the same tick
-        log.error("GPU %s is lost (NVML: GPU is lost); dropped from sampling%s", gpu.id,
-                  f" with its {len(gone) - 1} MIG instances" if len(gone) > 1 else "")
-        self.gpus = [g for g in self.gpus if g not in gone]
-        self.stats.gpus_lost += len(gone)
-
-    def _sample(self, gpu: _Gpu, listed: set[int]) -> None:
+    def _sample(self, gpu: Gpu, listed: set[int]) -> None:
         nv, call = self.nv, self._call
         ts = self._clock.mono_ns()
         procs: list[nf.ProcessUse] = []
@@ -287,7 +166,7 @@ class NvmlCollector:
                                                       nv.NVML_VOLATILE_ECC)
         return nf.ecc_total(corrected, uncorrected)
 
-    def _counters(self, gpu: _Gpu, name: str, ids: list[Any], unit_bytes: int, ts: int, labels: Labels) -> None:
+    def _counters(self, gpu: Gpu, name: str, ids: list[Any], unit_bytes: int, ts: int, labels: Labels) -> None:
         """TX and RX rates from two cumulative NVML field values (``<name>_tx``, ``<name>_rx``)."""
         values = self._call(gpu, name, self.nv.nvmlDeviceGetFieldValues, ids)
         if values is None:
@@ -306,7 +185,7 @@ class NvmlCollector:
             if rate is not None:
                 self._send(sensor, gpu.id, ts, rate, labels)
 
-    def _xids(self, gpu: _Gpu, ts: int, labels: Labels) -> None:
+    def _xids(self, gpu: Gpu, ts: int, labels: Labels) -> None:
         codes: list[int] = []
         for _ in range(_MAX_EVENTS_PER_TICK):
             try:
@@ -314,7 +193,7 @@ class NvmlCollector:
             except self._e_timeout:
                 break
             except self._e_lost:
-                raise _Lost from None
+                raise GpuLost from None
             except self._e_any as exc:
                 self._log_once(gpu.id, "xid", type(exc).__name__, "%s: reading XID events: %s", gpu.id, exc)
                 break
@@ -340,30 +219,6 @@ class NvmlCollector:
         except OSError:
             return None  # gone already, or another PID namespace (run with hostPID)
         return nf.parse_cgroup(text)
-
-    def _call(self, gpu: _Gpu, name: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(handle, *args)`` with the error rules of the module docstring; None when skipped."""
-        if not self.memo.wanted(gpu.id, name):
-            return None
-        try:
-            return fn(gpu.handle, *args)
-        except self._e_lost:
-            raise _Lost from None
-        except self._e_unavailable as exc:
-            if self.memo.mark(gpu.id, name):
-                log.info("%s: %s not available (%s); not asked again", gpu.id, name, exc)
-            return None
-        except self._e_any as exc:
-            self.stats.errors += 1
-            self._log_once(gpu.id, name, type(exc).__name__, "%s: reading %s failed: %s (skipped this tick)",
-                           gpu.id, name, exc)
-            return None
-
-    def _log_once(self, gpu: str, what: str, kind: str, msg: str, *args: Any) -> None:
-        key = (gpu, what, kind)
-        if key not in self._logged:
-            self._logged.add(key)
-            log.warning(msg, *args)
 
     # --- the loop ----------------------------------------------------------------
     def run(self, interval_s: float, duration_s: float | None = None, stop: threading.Event | None = None,
@@ -396,8 +251,3 @@ class NvmlCollector:
                 next_tick += interval_s * (1 + (now - next_tick) // interval_s)
             stop.wait(max(0.0, min(next_tick, end) - now))
         return self.stats
-
-
-def _text(val: str | bytes) -> str:
-    """pynvml returns str on Python 3 (``convertStrBytes``); older releases returned bytes."""
-    return val.decode("utf-8", "replace") if isinstance(val, bytes) else str(val)
