@@ -25,7 +25,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import tzinfo
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -35,50 +35,29 @@ import click
 import orjson
 
 from agents.collect.batching import Batcher, OpenBatch, SeriesKey
+from agents.collect.replay_files import (
+    FileSummary,
+    Item,
+    csv_items,
+    detect_format,
+    jsonl_items,
+    lines_of,
+    numbered,
+)
 from agents.kafka.producer import DeliveryError, SampleProducer
 from agents.kafka.topics import Topics
 from agents.settings import Settings
 from schemas.catalog import BY_NAME
-from schemas.codec import decode_beacon, decode_k8s_event, decode_samples, encode_batch, encode_sample
-from schemas.counters import Counters
-from schemas.records import UTC_CLOCK, ClockBeacon, K8sEvent, Reject, Sample, SampleBatch
-from schemas.topic_schemas import CLOCK_SYNC, K8S_EVENTS
-from streams.formats.nvsmi_csv import CsvFormatError, GpuRow, NvsmiCsvReader, Problem
+from schemas.codec import encode_batch, encode_sample
+from schemas.records import UTC_CLOCK, Sample, SampleBatch
+from streams.formats.nvsmi_csv import GpuRow, Problem
+
+__all__ = ["FileSummary", "ReplayResult", "detect_format", "replay", "replay_command"]
 
 log = logging.getLogger(__name__)
 Format = Literal["auto", "jsonl", "nvsmi-csv"]
 Speed = Literal["recorded", "max"]
-_JSONL_EXT = (".jsonl", ".ndjson", ".json")
 _SHOWN_PROBLEMS = 50  # per file; the rest are counted in the summary
-
-
-@dataclass(slots=True)
-class FileSummary(Counters):
-    path: str
-    format: str
-    node: str
-    lines: int = 0
-    rows: int = 0  # CSV rows (one GPU at one tick) or JSON lines published
-    samples: int = 0
-    malformed_lines: int = 0
-    skipped_cells: Counter[str] = field(default_factory=Counter)
-    repeated_headers: int = 0
-    unknown_columns: list[str] = field(default_factory=list)
-    time_went_back: int = 0
-    error: str = ""  # the file could not be read (from where it says)
-
-
-@dataclass(frozen=True, slots=True)
-class _Message:
-    """One JSON line ready to publish."""
-
-    topic: str  # without prefix
-    key: str
-    value: bytes
-    samples: int
-
-
-Item = GpuRow | Problem | _Message
 
 
 class Sender(Protocol):
@@ -89,18 +68,6 @@ class Sender(Protocol):
     def poll(self) -> None: ...
 
     def flush(self, timeout_s: float = 60.0) -> None: ...
-
-
-def detect_format(path: Path) -> Literal["jsonl", "nvsmi-csv"]:
-    if path.suffix.lower() in _JSONL_EXT:
-        return "jsonl"
-    if path.suffix.lower() == ".csv":
-        return "nvsmi-csv"
-    with path.open("rb") as f:
-        for raw in f:
-            if raw.strip():
-                return "jsonl" if raw.lstrip(b"\xef\xbb\xbf \t").startswith(b"{") else "nvsmi-csv"
-    return "nvsmi-csv"
 
 
 class _RowSender:
@@ -137,81 +104,6 @@ class _RowSender:
         for batch in self.batcher.drain():
             self._send(batch)
         self.producer.poll()
-
-
-def _jsonl_items(path: Path, lines: Iterator[str], node: str | None, summary: FileSummary
-                 ) -> Iterator[tuple[int, Item]]:
-    last_ts = 0
-    for no, line in enumerate(lines, 1):
-        summary.lines += 1
-        text = line.strip().removeprefix("\ufeff")
-        if not text:
-            continue
-        out = _jsonl_message(text.encode(), node)
-        if isinstance(out, str):
-            summary.malformed_lines += 1
-            yield last_ts, Problem(str(path), no, out)
-            continue
-        msg, stamp = out
-        ts = last_ts if stamp is None else stamp  # a clock-domain message keeps its place among the UTC ones
-        summary.rows += 1
-        summary.samples += msg.samples
-        if ts < last_ts:
-            summary.time_went_back += 1
-        last_ts = ts
-        yield ts, msg
-
-
-def _jsonl_message(raw: bytes, node: str | None) -> tuple[_Message, int | None] | str:
-    """The line as a message and its UTC event time (for pacing; None: in another clock domain),
-    or what is wrong with it."""
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        return f"malformed JSON: {exc}"
-    if not isinstance(obj, dict):
-        return "malformed line: expected a JSON object"
-    topic = obj.get("topic") or (f"sensors.{obj['sensor']}" if isinstance(obj.get("sensor"), str) else None)
-    if not isinstance(topic, str):
-        return 'no topic: name it with "sensor": "<name>" or "topic": "sensors.<name>" / "k8s.events" / "clock.sync"'
-    if node is not None:
-        obj["node"] = node
-        raw = orjson.dumps(obj)
-    decoded: object
-    if topic.startswith("sensors."):
-        decoded = decode_samples(raw, topic.removeprefix("sensors."))
-    elif topic == K8S_EVENTS:
-        decoded = decode_k8s_event(raw)
-    elif topic == CLOCK_SYNC:
-        decoded = decode_beacon(raw)
-    else:
-        return f"unknown topic {topic!r}: replay publishes to sensors.<name>, {K8S_EVENTS} and {CLOCK_SYNC}"
-    if isinstance(decoded, Reject):
-        return f"{decoded.reason}: {decoded.detail}"
-    if isinstance(decoded, SampleBatch):
-        return _Message(topic, decoded.node, raw, len(decoded)), decoded.span[0] if decoded.clock == UTC_CLOCK else None
-    if isinstance(decoded, K8sEvent):
-        return _Message(topic, decoded.node, raw, 0), decoded.ts_ns
-    assert isinstance(decoded, ClockBeacon)
-    return _Message(topic, decoded.node, raw, 0), decoded.utc_after_ns
-
-
-def _csv_items(path: Path, lines: Iterator[str], tz: tzinfo, summary: FileSummary) -> Iterator[tuple[int, Item]]:
-    reader = NvsmiCsvReader(str(path), tz)
-    last_ts = 0
-    try:
-        for item in reader.read(lines):
-            if isinstance(item, GpuRow):
-                last_ts = item.ts_ns
-            yield last_ts, item
-    except CsvFormatError as exc:
-        summary.error = str(exc)
-    finally:
-        rep = reader.report
-        summary.lines, summary.rows, summary.samples = rep.lines, rep.rows, rep.samples
-        summary.malformed_lines, summary.repeated_headers = rep.malformed_lines, rep.repeated_headers
-        summary.skipped_cells, summary.unknown_columns = rep.skipped_cells, rep.unknown_columns
-        summary.time_went_back = rep.time_went_back
 
 
 @dataclass
@@ -257,10 +149,10 @@ def replay(settings: Settings, paths: list[Path], fmt: Format = "auto", speed: S
             summary.error = f"{path}: cannot open: {exc.strerror or exc}"
             continue
         handles.append(handle)
-        lines = _lines(handle, on_bytes)
-        items = _csv_items(path, lines, tz, summary) if kind == "nvsmi-csv" else _jsonl_items(path, lines, node,
+        lines = lines_of(handle, on_bytes)
+        items = csv_items(path, lines, tz, summary) if kind == "nvsmi-csv" else jsonl_items(path, lines, node,
                                                                                             summary)
-        streams.append(_numbered(items, i))
+        streams.append(numbered(items, i))
     t0 = monotonic()
     start_ts: int | None = None
     shown: Counter[str] = Counter()
@@ -292,19 +184,6 @@ def replay(settings: Settings, paths: list[Path], fmt: Format = "auto", speed: S
         if hidden > 0 and on_problem is not None:
             on_problem(Problem(s.path, s.lines, f"{hidden} more problems not shown (counted in the summary)"))
     return ReplayResult(summaries, batcher.messages, monotonic() - t0)
-
-
-def _numbered(items: Iterator[tuple[int, Item]], file_index: int) -> Iterator[tuple[int, int, int, Item]]:
-    """Merge keys: event time, then file, then position in the file (items never compare)."""
-    for seq, (ts, item) in enumerate(items):
-        yield ts, file_index, seq, item
-
-
-def _lines(handle: Any, on_bytes: Callable[[int], None] | None) -> Iterator[str]:
-    for raw in handle:
-        if on_bytes is not None:
-            on_bytes(len(raw))
-        yield raw.decode("utf-8", "replace")
 
 
 def _zone(ctx: click.Context, param: click.Parameter, value: str) -> tzinfo:
