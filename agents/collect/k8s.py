@@ -28,7 +28,8 @@ from typing import Any
 import click
 import orjson
 
-from agents.kafka.topics import Topics, confluent_config
+from agents.collect.k8s_resume import DEDUPE_HEADER, StateFile, TopicLedger
+from agents.kafka.topics import Topics
 from agents.runtime.entry import settings_of, setup_logging, stop_on_signal, write_summary
 from agents.runtime.timebase import SYSTEM_CLOCK, Clock
 from agents.settings import Settings
@@ -37,38 +38,8 @@ from streams.formats.k8s_objects import WatchParams
 from streams.formats.k8s_watch import RESOURCES, Publish, Resource, WatchState
 
 log = logging.getLogger(__name__)
-DEDUPE_HEADER = "flopwatch.k8s.id"
-STATE_FORMAT = 1
 WATCH_TIMEOUT_S = 300  # the server ends a watch after this; we reconnect from the last resourceVersion
 LIST_PAGE = 500
-
-
-class StateFile:
-    """The collector's state, written atomically (temp file, fsync, rename) so a crash leaves the old one."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def load(self) -> dict[str, Any] | None:
-        try:
-            data: dict[str, Any] = orjson.loads(self.path.read_bytes())
-        except FileNotFoundError:
-            return None
-        except (OSError, orjson.JSONDecodeError) as exc:
-            raise click.ClickException(f"cannot read the collector state {self.path}: {exc} "
-                                       "(delete it to start over: every live object is then published again)") from None
-        if data.get("format") != STATE_FORMAT:
-            raise click.ClickException(f"{self.path}: state format {data.get('format')!r}, expected {STATE_FORMAT}")
-        return data
-
-    def save(self, data: dict[str, Any]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(orjson.dumps({"format": STATE_FORMAT, **data}))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
 
 
 def api_client(kubeconfig: str | None) -> Any:
@@ -89,63 +60,6 @@ def api_client(kubeconfig: str | None) -> Any:
     except (config.ConfigException, OSError) as exc:
         raise click.ClickException(f"no usable Kubernetes credentials: {exc}") from None
     return client.ApiClient(cfg)
-
-
-class TopicLedger:
-    """The k8s.events topic's end offsets, and the dedupe ids written after given offsets."""
-
-    def __init__(self, settings: Settings, topic: str) -> None:
-        from confluent_kafka import Consumer
-
-        self.topic = topic
-        self._consumer = Consumer(confluent_config(settings) | {
-            "group.id": "flopwatch-collect-k8s", "enable.auto.commit": False, "enable.partition.eof": True})
-
-    def partitions(self) -> list[int]:
-        meta = self._consumer.list_topics(self.topic, timeout=30)
-        tmeta = meta.topics.get(self.topic)
-        if tmeta is None or tmeta.error is not None:
-            raise click.ClickException(f"topic {self.topic} is not there: {tmeta.error if tmeta else 'unknown'}")
-        return sorted(tmeta.partitions)
-
-    def end_offsets(self) -> dict[str, int]:
-        from confluent_kafka import TopicPartition
-
-        return {str(p): self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=30,
-                                                             cached=False)[1] for p in self.partitions()}
-
-    def ids_since(self, offsets: dict[str, int]) -> list[str]:
-        from confluent_kafka import KafkaError, TopicPartition
-
-        ends = self.end_offsets()
-        todo = {int(p) for p, end in ends.items() if end > offsets.get(p, 0)}
-        if not todo:
-            return []
-        self._consumer.assign([TopicPartition(self.topic, p, offsets.get(str(p), 0)) for p in todo])
-        ids: list[str] = []
-        deadline = time.monotonic() + 120
-        while todo and time.monotonic() < deadline:
-            msg = self._consumer.poll(1.0)
-            if msg is None:
-                continue
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    todo.discard(msg.partition())
-                    continue
-                raise click.ClickException(f"reading back {self.topic}: {err}")
-            if (msg.offset() or 0) >= ends[str(msg.partition())] - 1:
-                todo.discard(msg.partition())
-            val = _header(msg.headers(), DEDUPE_HEADER)
-            if val:
-                ids.append(val)
-        if todo:
-            raise click.ClickException(f"could not read back {self.topic} partitions {sorted(todo)} in 120 s")
-        self._consumer.unassign()
-        return ids
-
-    def close(self) -> None:
-        self._consumer.close()
 
 
 class K8sCollector:
@@ -324,15 +238,6 @@ class K8sCollector:
                 "no_node": s.no_node, "relists": s.relists, "reconnects": self.reconnects,
                 "bad_objects": self.bad_objects, "by_reason": s.counts,
                 "resource_versions": self.state.rv}
-
-
-def _header(headers: Any, name: str) -> str | None:
-    """One header's value as text; librdkafka hands headers over as pairs (or a dict)."""
-    pairs = headers.items() if isinstance(headers, dict) else headers or []
-    for key, val in pairs:
-        if key == name and val is not None:
-            return val.decode() if isinstance(val, bytes) else str(val)
-    return None
 
 
 @click.command("k8s")
