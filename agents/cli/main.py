@@ -1,9 +1,9 @@
-"""The ``flopwatch`` command line: demo, worker, simulate, sql."""
+"""The ``flopwatch`` command line: the group, worker, simulate and demo (act, alerts and sql are hung on it from
+their own modules)."""
 
 from __future__ import annotations
 
 import asyncio
-import csv
 import io
 import logging
 import os
@@ -17,7 +17,7 @@ import click
 import orjson
 
 from agents.cli.lazy import LazyGroup
-from agents.runtime.entry import load_or_usage, run_until_signal, setup_logging, stopped, write_summary
+from agents.runtime.entry import load_or_usage, run_until_signal, setup_logging, write_summary
 from agents.settings import Settings, SettingsError
 
 log = logging.getLogger("flopwatch")
@@ -206,53 +206,6 @@ def simulate(ctx: click.Context, nodes: int, gpus: int, duration: float | None, 
 
 
 @cli.command()
-@click.argument("query")
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
-@click.pass_context
-def sql(ctx: click.Context, query: str, fmt: str) -> None:
-    """Run a ClickHouse SQL QUERY against flopwatch's database and print the result."""
-    from agents.sinks.clickhouse import ClickHouseError, database_exists, open_backend
-
-    settings = _settings(ctx)
-    exists = True
-    try:
-        backend = open_backend(settings)
-        try:
-            # Unqualified table names mean flopwatch's tables, once a worker has made them.
-            exists = database_exists(backend)
-            if exists:
-                backend.use_database()
-            names, rows = backend.rows(query)
-        finally:
-            backend.close()
-    except ClickHouseError as exc:
-        hint = "" if exists else (f"\n(database {settings.clickhouse_database!r} does not exist yet: "
-                                  "run `flopwatch worker` or `flopwatch demo` first)")
-        raise click.ClickException(f"{exc}{hint}") from None
-    click.echo(render(names, rows, fmt), nl=False)
-
-
-def render(names: list[str], rows: list[tuple[Any, ...]], fmt: str) -> str:
-    if fmt == "json":
-        return orjson.dumps([dict(zip(names, r, strict=True)) for r in rows], default=str).decode() + "\n"
-    if fmt == "csv":
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        w.writerow(names)
-        w.writerows(rows)
-        return buf.getvalue()
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(*names)
-    for r in rows:
-        table.add_row(*("NULL" if v is None else str(v) for v in r))
-    buf = io.StringIO()
-    Console(file=buf, width=200).print(table)
-    return buf.getvalue()
-
-
-@cli.command()
 @click.option("--duration", default=100.0, show_default=True,
               help="Seconds to simulate (the scheduled events of deploy/scenarios/live-demo.toml span 100 s).")
 @click.option("--nodes", default=2, show_default=True, help="Simulated nodes.")
@@ -271,60 +224,13 @@ def demo(ctx: click.Context, duration: float, nodes: int, gpus: int) -> None:
     run_demo(settings, duration, nodes, gpus, Path(__file__).resolve().parents[1])
 
 
-@cli.command()
-@click.option("--dry-run", "dry_run", is_flag=True,
-              help="Print the kubectl command each trigger asks for, one line each (the default).")
-@click.option("--webhook", "webhook", default=None, metavar="URL",
-              help="POST each trigger's JSON to URL with an Idempotency-Key header, retrying until it answers "
-                   "2xx; user:password@ in it is sent as basic auth and never logged.")
-@click.option("--exec", "execute", is_flag=True, help="Run kubectl for each trigger (an argument list, no shell).")
-@click.option("--kubectl", default="kubectl", show_default=True, metavar="PATH", help="The kubectl --exec runs.")
-@click.option("--state", "state", type=click.Path(dir_okay=False), default=".flopwatch/act.sqlite",
-              show_default=True, help="SQLite ledger of the idempotency keys acted on (one process at a time).")
-@click.option("--retain-days", type=click.FloatRange(min=0.0, min_open=True), default=7.0, show_default=True,
-              help="Keys of triggers older than this are purged from the ledger; such triggers are not acted on.")
-@click.option("--from-beginning", is_flag=True,
-              help="A group without committed offsets starts at the oldest trigger on the topic, not the newest.")
-@click.option("--group", default=None, metavar="NAME",
-              help="Consumer group [default: $FLOPWATCH_GROUP_ID-act, or -act-dry-run for --dry-run].")
-@click.option("--exit-when-idle", type=click.FloatRange(min=0.0), default=None, metavar="SECONDS",
-              help="Exit once every partition is read to its end and nothing new came for SECONDS.")
-@click.pass_context
-def act(ctx: click.Context, dry_run: bool, webhook: str | None, execute: bool, kubectl: str, state: str,
-        retain_days: float, from_beginning: bool, group: str | None, exit_when_idle: float | None) -> None:
-    """Act once per idempotency key on flopwatch.triggers (read_committed) until SIGTERM/SIGINT.
+from agents.cli.act import act  # noqa: E402  (commands of their own modules, hung on cli here)
+from agents.cli.alerts import alerts  # noqa: E402
+from agents.cli.sql import sql  # noqa: E402
 
-    The act, then the key in the --state ledger, then the offset commit: a restart skips what it did.
-    """
-    from aiokafka.errors import KafkaError
-
-    from agents.act.consumer import DAY_NS, ActParams, ActStats, TriggerConsumer
-    from agents.act.ledger import ActLedger, LedgerError
-    from agents.act.sinks import DryRunSink, KubectlSink, Sink, WebhookSink
-    from agents.kafka.admin import ensure_topics
-
-    if dry_run + (webhook is not None) + execute > 1:
-        raise click.UsageError("choose one of --dry-run, --webhook URL and --exec")
-    settings = _settings(ctx)
-    sink: Sink = (WebhookSink(webhook) if webhook is not None else KubectlSink(kubectl) if execute
-                  else DryRunSink())
-    params = ActParams(group=group or f"{settings.group_id}-act{'-dry-run' if sink.mode == 'dry-run' else ''}",
-                       from_beginning=from_beginning, retain_ns=int(retain_days * DAY_NS),
-                       exit_when_idle_s=exit_when_idle)
-    ensure_topics(settings)
-
-    try:
-        with ActLedger(state, sink.mode) as ledger:
-            st: ActStats = run_until_signal(TriggerConsumer(settings, sink, ledger, params).run)
-    except (LedgerError, KafkaError, RuntimeError) as exc:
-        raise click.ClickException(f"flopwatch act stopped: {exc}") from None
-    # stdout holds the dry run's commands and nothing else; the summary goes with the logs.
-    write_summary(stopped(st))
-
-
-from agents.cli.alerts import alerts  # noqa: E402  (a group of its own module, hung on cli here)
-
+cli.add_command(act)
 cli.add_command(alerts)
+cli.add_command(sql)
 
 
 def main() -> None:
