@@ -151,6 +151,9 @@ def _summary(settings: Settings) -> Table:
 
 
 def run_demo(settings: Settings, duration: float, nodes: int, gpus: int, root: Path) -> None:
+    # A scenario that does not fit the cluster fails before a broker is started for nothing.
+    scenario = load_scenario(root / "deploy" / "scenarios" / "live-demo.toml")
+    scenario.check_cluster(nodes, gpus)
     started_kafka = False
     if not os.environ.get("FLOPWATCH_KAFKA_BOOTSTRAP"):
         started_kafka = _start_local_kafka(root)
@@ -161,8 +164,6 @@ def run_demo(settings: Settings, duration: float, nodes: int, gpus: int, root: P
         logging.getLogger(name).setLevel(logging.WARNING)
     try:
         ensure_topics(settings)
-        scenario = load_scenario(root / "deploy" / "scenarios" / "live-demo.toml")
-        scenario.check_cluster(nodes, gpus)
         # Steady GPUs: what changes their efficiency is the scenario's events, so the alerts mean something.
         params = SimParams(nodes=nodes, gpus=gpus, seed=int(time.time()) % 1000, start_ns=time.time_ns(),
                            steady=True)
@@ -178,9 +179,16 @@ def run_demo(settings: Settings, duration: float, nodes: int, gpus: int, root: P
         deciding = app.flopwatch_decide  # type: ignore[attr-defined]
         if deciding is not None:
             deciding.sinks.append(DecisionFeed(view))
-        asyncio.run(_run(app, ingestor, view, pub, producer, stop_pub, duration, params.start_ns))
-        producer.join(10)
-        pub.producer.close()
+        try:
+            asyncio.run(_run(app, ingestor, view, pub, producer, stop_pub, duration, params.start_ns))
+            producer.join(10)
+        finally:
+            # Every Kafka client closes before the broker stops: one left open logs "Connection refused"
+            # once a second after the summary.
+            pub.producer.close()
+            for agent in (runtime, deciding):
+                if agent is not None:
+                    agent.close()
         console.print(_progress(pub.stats, ingestor.stats, duration, duration))
         console.print(view.alert_table(params.start_ns))
         console.print(view.decision_table(params.start_ns))

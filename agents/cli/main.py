@@ -118,6 +118,8 @@ def worker(ctx: click.Context, progress: str, exit_when_idle: float | None, runt
 
 
 SHUTDOWN_GRACE_S = 60.0
+# The checkout the demo runs from: its deploy/ scripts start the local broker and hold the scenario.
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _dump_tasks() -> None:
@@ -221,7 +223,12 @@ def demo(ctx: click.Context, duration: float, nodes: int, gpus: int) -> None:
     tune_for_throughput()
     if settings.clickhouse_backend != "chdb":
         log.info("demo uses the %s backend as configured", settings.clickhouse_backend)
-    run_demo(settings, duration, nodes, gpus, Path(__file__).resolve().parents[1])
+    from streams.sim.scenario import ScenarioError
+
+    try:
+        run_demo(settings, duration, nodes, gpus, PROJECT_ROOT)
+    except ScenarioError as exc:  # e.g. --nodes 1: the demo's scenario names node-01
+        raise click.ClickException(str(exc)) from None
 
 
 from agents.cli.act import act  # noqa: E402  (commands of their own modules, hung on cli here)

@@ -117,6 +117,12 @@ class PartitionRuntime(Generic[St, In, Out]):
                   ", ".join(self._sent_id(o) for o in batch))
 
     # -- the runtime -----------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Deliver the dead-letter records still queued and let their producer go, so that it does not keep
+        reconnecting (and logging) after the broker has stopped, as the demo's local broker does."""
+        if self.rejects is not None:
+            self.rejects.close()
+
     def revoke(self, partitions: Sequence[int]) -> None:
         for p in partitions:
             state = self._by_partition.pop(p, None)

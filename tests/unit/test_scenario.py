@@ -391,3 +391,16 @@ def test_simulate_refuses_a_bad_scenario_before_touching_kafka(tmp_path: Path) -
     f.write_text("version = 1\n[[event]]\nkind = 'dip'\n")
     result = CliRunner().invoke(cli, ["simulate", "--scenario", str(f), "--nodes", "8"])
     assert result.exit_code == 2 and "event[0] (line 2) kind must be one of" in result.output
+
+
+def test_the_demo_finds_its_scripts_and_refuses_a_cluster_its_scenario_does_not_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agents.cli.main import PROJECT_ROOT, cli
+
+    assert (PROJECT_ROOT / "deploy" / "kafka.sh").is_file()
+    assert (PROJECT_ROOT / "deploy" / "scenarios" / "live-demo.toml").is_file()
+    # Checked before a broker is started: a bootstrap that nothing listens on is never reached.
+    monkeypatch.setenv("FLOPWATCH_KAFKA_BOOTSTRAP", "127.0.0.1:1")
+    result = CliRunner().invoke(cli, ["demo", "--nodes", "1", "--duration", "1"])
+    assert result.exit_code == 1, result.output
+    assert "node 'node-01' is not in the cluster" in result.output
+    assert "Traceback" not in result.output
