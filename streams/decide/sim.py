@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from schemas.frame_messages import FrameMessage, GpuFrame
+from schemas.frames import peak_column
 from streams.decide.engine import Decider
 from streams.decide.params import DecideParams, NamespacePolicy, S
 from streams.decide.rules import Decision
@@ -112,6 +113,9 @@ def run_scenario(sc: Scenario, grid_s: float = 1.0) -> Run:
     return Run(frames, decisions, changes)
 
 
+UTIL_PEAK = peak_column("gpu_util")
+
+
 def _frame(sc: Scenario, node: str, n: int, tick: int, grid: int, replicas: int, t_s: float) -> FrameMessage:
     share = sc.load(t_s) / max(replicas, 1)
     util = min(share / sc.capacity_qps, 1.0)
@@ -121,12 +125,12 @@ def _frame(sc: Scenario, node: str, n: int, tick: int, grid: int, replicas: int,
     for g in range(sc.gpus_per_node):
         replica = g * sc.nodes + n  # replicas spread over the nodes
         if replica >= replicas:
-            gpus.append(GpuFrame(str(g), {"gpu_model": "H100-SXM"}, {"sm_active": 0.0}, {"gpu_util_p99": 0.0}, ""))
+            gpus.append(GpuFrame(str(g), {"gpu_model": "H100-SXM"}, {"sm_active": 0.0}, {UTIL_PEAK: 0.0}, ""))
             continue
         labels = {"namespace": sc.namespace, "workload": sc.workload, "class": sc.workload_class,
                   "pod": f"{sc.workload}-{replica}", "gpu_model": "H100-SXM"}
         values = {"sm_active": 0.9 * util, "request_rate": share, "request_latency_ms": latency}
-        gpus.append(GpuFrame(str(g), labels, values, {"gpu_util_p99": 99.0 if spike else 90.0 * util}, ""))
+        gpus.append(GpuFrame(str(g), labels, values, {UTIL_PEAK: 99.0 if spike else 90.0 * util}, ""))
     return FrameMessage(node, tick, grid, tuple(gpus))
 
 

@@ -50,9 +50,11 @@ def test_sigkill_mid_run_loses_and_duplicates_nothing(any_settings: Settings, ru
     pub.backlog(duration / 2)
     want = expected_frames(params, duration)
 
-    def produce_rest() -> None:  # paced, so the worker is busy when the kill lands
-        for _ in range(15):
-            pub.backlog(duration / 30, 2.0)
+    def produce_rest() -> None:
+        # Paced over ~6 s, longer than a worker takes to start and join its group (~3 s on a busy
+        # 2-core machine): at 3 s a slow start found all data there and the kill landed after the end.
+        for _ in range(30):
+            pub.backlog(duration / 60, 2.0)
             time.sleep(0.2)
 
     worker = Worker(settings)

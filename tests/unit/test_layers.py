@@ -236,3 +236,14 @@ def test_doctests_pass(name: str) -> None:
     result = doctest.testmod(module, verbose=False, report=True)
     assert result.attempted >= 1, f"{name} has no runnable example"
     assert result.failed == 0, f"{result.failed} of {result.attempted} examples in {name} failed"
+
+
+def test_every_module_with_an_example_is_in_the_doctest_run() -> None:
+    import tomllib
+
+    opts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["pytest"]["ini_options"]
+    assert "--doctest-modules" in opts["addopts"].split()
+    with_examples = {p for package in ("schemas", "streams", "agents") for p in source_files(package)
+                     if ">>> " in p.read_text(encoding="utf-8")}
+    assert len(with_examples) > 40
+    assert not {p for p in with_examples if p.relative_to(ROOT).parts[0] not in opts["testpaths"]}
