@@ -180,7 +180,7 @@ ROOMS: dict[str, set[str]] = {
     "streams.formats": set(),
     "streams.sim": set(),
     "streams.detect": {"streams.align"},
-    "streams.decide": {"streams.align", "streams.efficiency", "streams.detect"},
+    "streams.decide": {"streams.detect"},
     "streams.alerting": set(),
     "agents.kafka": {"agents.settings"},
     "agents.runtime": {"agents.settings", "agents.kafka"},
