@@ -139,8 +139,10 @@ def replay(settings: Settings, paths: list[Path], fmt: Format = "auto", speed: S
            node: str | None = None, tz: tzinfo | None = None, batch_size: int = 100,
            on_problem: Callable[[Problem], None] | None = None, on_bytes: Callable[[int], None] | None = None,
            sleep: Callable[[float], None] = time.sleep, monotonic: Callable[[], float] = time.monotonic,
-           producer: Sender | None = None) -> ReplayResult:
-    """Publish ``paths`` and return what was read and sent; raises ``DeliveryError`` if Kafka refused messages."""
+           producer: Sender | None = None, gpus: int | None = None) -> ReplayResult:
+    """Publish ``paths`` and return what was read and sent; raises ``DeliveryError`` if Kafka refused messages.
+    ``gpus``: GPUs per loop iteration of nvidia-smi CSVs without an index or uuid column (else read from the
+    rows' rhythm)."""
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
     tz = tz or ZoneInfo("UTC")
@@ -161,8 +163,8 @@ def replay(settings: Settings, paths: list[Path], fmt: Format = "auto", speed: S
             continue
         handles.append(handle)
         lines = lines_of(handle, on_bytes)
-        items = csv_items(path, lines, tz, summary) if kind == "nvsmi-csv" else jsonl_items(path, lines, node,
-                                                                                            summary)
+        items = csv_items(path, lines, tz, summary, gpus) if kind == "nvsmi-csv" else jsonl_items(path, lines, node,
+                                                                                                  summary)
         streams.append(numbered(items, i))
     t0 = monotonic()
     start_ts: int | None = None
@@ -217,9 +219,12 @@ def _zone(ctx: click.Context, param: click.Parameter, value: str) -> tzinfo:
               help="IANA zone of nvidia-smi's local-time timestamps (the recording host's zone).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=100, show_default=True,
               help="Samples per message (1 = single-sample form).")
+@click.option("--gpus", type=click.IntRange(min=1), default=None,
+              help="GPUs per loop iteration of an nvidia-smi CSV without an index or uuid column [default: read "
+                   "from the rows' rhythm]; an index or uuid column always wins.")
 @click.pass_context
 def replay_command(ctx: click.Context, files: tuple[Path, ...], fmt: Format, speed: Speed, node: str | None,
-                   tz: tzinfo, batch_size: int) -> None:
+                   tz: tzinfo, batch_size: int, gpus: int | None) -> None:
     """Publish recorded telemetry (nvidia-smi CSV or JSON lines) to the sensor topics."""
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
@@ -244,7 +249,7 @@ def replay_command(ctx: click.Context, files: tuple[Path, ...], fmt: Format, spe
         try:
             result = replay(settings, list(files), fmt, speed, node, tz, batch_size,
                             on_problem=lambda p: console.print(str(p), markup=False, highlight=False),
-                            on_bytes=on_bytes)
+                            on_bytes=on_bytes, gpus=gpus)
         except DeliveryError as exc:
             console.print(f"replay: Kafka did not take every message: {exc}", markup=False)
             sys.exit(1)

@@ -120,8 +120,9 @@ def _jsonl_message(raw: bytes, node: str | None) -> tuple[Message, int | None] |
     return Message(topic, decoded.node, raw, 0), decoded.utc_after_ns
 
 
-def csv_items(path: Path, lines: Iterator[str], tz: tzinfo, summary: FileSummary) -> Iterator[tuple[int, Item]]:
-    reader = NvsmiCsvReader(str(path), tz)
+def csv_items(path: Path, lines: Iterator[str], tz: tzinfo, summary: FileSummary, gpus: int | None = None
+              ) -> Iterator[tuple[int, Item]]:
+    reader = NvsmiCsvReader(str(path), tz, gpus)
     last_ts = 0
     try:
         for item in reader.read(lines):

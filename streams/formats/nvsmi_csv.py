@@ -11,7 +11,10 @@ accepts is what nvidia-smi prints, and the ways recordings go wrong:
 - ``timestamp`` in nvidia-smi's local-time format ``2026/12/03 14:05:06.123`` (fraction
   optional), in the zone given (nvidia-smi writes the host's local time, with no offset);
 - with an ``uuid`` column (the GPU's id), else an ``index`` column, else neither: then
-  the GPUs of one tick are consecutive rows with the same timestamp, numbered 0, 1, 2...
+  the GPUs are told apart by position in a fixed cycle of N rows (nvidia-smi writes GPU 0
+  first in every loop iteration), N read from the recording's rhythm (``nvsmi_cycle``) or
+  given (``gpus``), and a warning says the file has no GPU id; equal timestamps are no
+  guide, since the rows of one iteration are often stamped milliseconds apart;
 - the header repeated (concatenated recordings): skipped; a different header: taken
   from there on, and reported;
 - a malformed line (wrong cell count, bad timestamp): reported with its line and skipped.
@@ -47,6 +50,7 @@ from typing import Final
 from schemas.catalog import BY_NAME
 from schemas.counters import Counters
 from schemas.records import Labels
+from streams.formats.nvsmi_cycle import Cycle, infer_cycle
 
 # nvidia-smi query field -> (catalog sensor, the unit the catalog wants). Aliases are the
 # names nvidia-smi has used across driver releases for the same reading.
@@ -76,6 +80,7 @@ _LABEL_FIELDS: Final = {"name": "gpu_model"}
 _ID_FIELDS: Final = ("uuid", "index")  # the first present names the GPU
 _KNOWN: Final = frozenset({"timestamp", *NVSMI_FIELDS, *_LABEL_FIELDS, *_ID_FIELDS})
 _NS: Final = 1_000_000_000
+CYCLE_WINDOW: Final = 4096  # rows read ahead to find an index-less file's cycle (~64 iterations of 64 GPUs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,15 +144,21 @@ class _Header:
 class NvsmiCsvReader:
     """Reads one nvidia-smi CSV file's lines; ``report`` counts what it found."""
 
-    def __init__(self, source: str, tz: tzinfo) -> None:
+    def __init__(self, source: str, tz: tzinfo, gpus: int | None = None) -> None:
+        if gpus is not None and gpus < 1:
+            raise ValueError(f"gpus must be >= 1, got {gpus}")
         self.source = source
         self.tz = tz
+        self.gpus = gpus  # GPUs per loop iteration of an index-less file, as the caller states it
         self.report = ParseReport()
         self._header: _Header | None = None
         self._seen_unknown: set[str] = set()
         self._epoch_s: dict[str, int] = {}  # "YYYY/MM/DD HH:MM:SS" -> UTC seconds: one zone lookup per second
-        self._tick_text = ""  # timestamp text of the current tick (GPUs numbered by position)
-        self._tick_pos = 0
+        # An index-less file: rows since its header, the cycle (None: not known yet), rows read ahead to find it.
+        self._pos = 0
+        self._cycle: int | None = None
+        self._ahead: list[tuple[int, list[str]]] = []
+        self._header_line = 0
         self._last_ts = -(2**63)
 
     def read(self, lines: Iterable[str], first_line: int = 1) -> Iterator[GpuRow | Problem]:
@@ -161,14 +172,56 @@ class NvsmiCsvReader:
                 continue
             cells = [c.strip() for c in line.split(",")]
             if self._header is None or self._looks_like_header(cells):
+                yield from self._read_ahead_rows()
                 problem = self._take_header(no, cells)
                 if problem is not None:
                     yield problem
                 continue
-            out = self._row(no, cells, self._header)
-            if isinstance(out, Problem):
-                self.report.malformed_lines += 1
-            yield out
+            if self._header.gpu_id < 0 and self._cycle is None:
+                self._ahead.append((no, cells))
+                if len(self._ahead) >= CYCLE_WINDOW:
+                    yield from self._read_ahead_rows()
+                continue
+            yield self._counted(no, cells, self._header)
+        yield from self._read_ahead_rows()
+
+    def _counted(self, no: int, cells: list[str], h: _Header) -> GpuRow | Problem:
+        out = self._row(no, cells, h)
+        if isinstance(out, Problem):
+            self.report.malformed_lines += 1
+        return out
+
+    def _read_ahead_rows(self) -> Iterator[GpuRow | Problem]:
+        """Find the cycle from the rows read ahead, then give them."""
+        if not self._ahead:
+            return
+        h = self._header
+        assert h is not None
+        stamps = [ts for _, cells in self._ahead if len(cells) == len(h.cells)
+                  and (ts := self._ts_ns(cells[h.ts])) is not None]
+        cycle = infer_cycle(stamps) or Cycle(1, 1, 1)
+        yield self._cycle_note(cycle)
+        self._cycle = self.gpus or cycle.gpus
+        ahead, self._ahead = self._ahead, []
+        for no, cells in ahead:
+            yield self._counted(no, cells, h)
+
+    def _cycle_note(self, cycle: Cycle) -> Problem:
+        what = "no index or uuid column: GPUs told apart by their position in each loop iteration, "
+        if self.gpus is not None:
+            found = "" if cycle.gpus == self.gpus or cycle.ambiguous else f" (the rhythm suggests {cycle.gpus})"
+            return Problem(self.source, self._header_line, what + f"{self.gpus} as stated{found}")
+        if cycle.ambiguous:
+            raise CsvFormatError(
+                f"{self.source}:{self._header_line}: no index or uuid column, and the rows' rhythm does not "
+                f"tell how many GPUs write each loop iteration (only {cycle.typical} of {cycle.runs} runs of rows "
+                f"between the loop's gaps agree on {cycle.gpus}): state it with --gpus N, or record with "
+                "--query-gpu=timestamp,index,...")
+        others = cycle.runs - cycle.typical
+        split = f"; {others} are parts of iterations split across a gap" if others else ""
+        return Problem(self.source, self._header_line,
+                       what + f"{cycle.gpus} from the rhythm ({cycle.typical} of {cycle.runs} runs of rows between "
+                       f"the loop's gaps have {cycle.gpus}{split}; --gpus N states it)")
 
     def _looks_like_header(self, cells: list[str]) -> bool:
         assert self._header is not None
@@ -176,6 +229,9 @@ class NvsmiCsvReader:
 
     def _take_header(self, no: int, cells: list[str]) -> Problem | None:
         names = tuple(c.split(" [")[0].strip() for c in cells)
+        # A header starts nvidia-smi's loop again (a restart, a reboot): GPU 0 comes next, and an index-less
+        # file's GPU count may have changed.
+        self._pos, self._cycle, self._header_line = 0, None, no
         if self._header is not None and names == self._header.cells:
             self.report.repeated_headers += 1
             return None
@@ -201,6 +257,8 @@ class NvsmiCsvReader:
         return None
 
     def _row(self, no: int, cells: list[str], h: _Header) -> GpuRow | Problem:
+        # Every data line holds a place in the cycle, a malformed one too: it was some GPU's row.
+        self._pos += 1
         if len(cells) != len(h.cells):
             return Problem(self.source, no, f"malformed line: {len(cells)} cells, the header has {len(h.cells)}")
         text = cells[h.ts]
@@ -212,10 +270,7 @@ class NvsmiCsvReader:
             if not gpu or gpu.startswith("["):
                 return Problem(self.source, no, f"malformed line: no GPU id in column {h.cells[h.gpu_id]!r}")
         else:
-            if text != self._tick_text:
-                self._tick_text, self._tick_pos = text, 0
-            gpu = str(self._tick_pos)
-            self._tick_pos += 1
+            gpu = str((self._pos - 1) % (self._cycle or 1))
         if ts < self._last_ts:
             self.report.time_went_back += 1
         self._last_ts = ts
