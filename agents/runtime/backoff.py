@@ -20,15 +20,14 @@ async def with_backoff(what: str, call: Callable[[], Awaitable[T]], on_error: Ca
                        attempts: int = ATTEMPTS) -> tuple[bool, T | None]:
     """``(True, result)`` once ``call`` succeeds, ``(False, None)`` after ``attempts`` failures, each
     logged with ``what`` and counted through ``on_error``."""
-    delay = 0.5
+    delays = Backoff(min_ns=500_000_000, max_ns=30_000_000_000)  # the schedule from t = 0: the delays alone
     for attempt in range(attempts):
         try:
             return True, await call()
         except Exception as exc:
             on_error()
             log.warning("%s failed (attempt %d of %d): %s", what, attempt + 1, attempts, exc)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 30.0)
+            await asyncio.sleep(delays.failed(now_ns=0) / 1e9)
     return False, None
 
 
