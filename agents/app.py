@@ -20,15 +20,15 @@ from typing import Any
 import faust
 from mode import Service
 
-from agents.decide.agent import ClickHouseDecisions, DecideRuntime, DecisionSink, KafkaTriggerSink, trigger_id_of
+from agents.decide.agent import DecideRuntime, DecisionSink, KafkaTriggerSink, decision_columns, trigger_id_of
 from agents.decide.agent import install as install_decide
 from agents.decide.scale_view import ScaleView
 from agents.detect.agent import (
     AlertSink,
-    ClickHouseDetections,
     DetectRuntime,
     KafkaAlertSink,
     KafkaSummarySink,
+    detection_columns,
     install,
 )
 from agents.ingest.pricebook_file import PriceBookFile
@@ -39,6 +39,7 @@ from agents.metrics import AlertDelays, Metrics
 from agents.runtime.history import KafkaFrameHistory
 from agents.runtime.timebase import SYSTEM_CLOCK
 from agents.settings import Settings
+from agents.sinks.clickhouse_rows import ClickHouseRows
 from agents.sinks.deadletter import DeadLetter
 from agents.web import WebOptions, install_web
 from streams.decide.engine import DecisionTally
@@ -155,7 +156,8 @@ def detect_runtime(settings: Settings, app: faust.App, ingestor: Ingestor, metri
     """The detection agent's state and outputs: alerts to Kafka and to ClickHouse, rejects to the DLQ."""
     names = Topics(settings.topic_prefix)
     alerts_topic = app.flopwatch_topics[names.alerts]  # type: ignore[attr-defined]
-    sinks: list[AlertSink] = [KafkaAlertSink(alerts_topic), ClickHouseDetections(ingestor.on_clickhouse),
+    sinks: list[AlertSink] = [KafkaAlertSink(alerts_topic),
+                              ClickHouseRows("detections", detection_columns, ingestor.on_clickhouse),
                               AlertDelays(metrics)]
     summaries = KafkaSummarySink(app.flopwatch_topics[names.workloads]) if settings.decide else None  # type: ignore[attr-defined]
     return DetectRuntime(settings.detect_params(), settings.align_params().grid_ns,
@@ -181,7 +183,8 @@ def decide_runtime(settings: Settings, app: faust.App, ingestor: Ingestor, view:
     """The decision agent's state and outputs: triggers to Kafka, every decision to ClickHouse."""
     names = Topics(settings.topic_prefix)
     triggers_topic = app.flopwatch_topics[names.triggers]  # type: ignore[attr-defined]
-    sinks: list[DecisionSink] = [KafkaTriggerSink(triggers_topic), ClickHouseDecisions(ingestor.on_clickhouse)]
+    sinks: list[DecisionSink] = [KafkaTriggerSink(triggers_topic),
+                                 ClickHouseRows("scale_decisions", decision_columns, ingestor.on_clickhouse)]
     history = KafkaFrameHistory(settings, names.workloads, names.triggers, id_of=trigger_id_of)
 
     def observed(d: Decision) -> None:  # per decision, so /metrics follows at once and not on the next flush

@@ -25,7 +25,7 @@ one row per decision.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -152,17 +152,6 @@ class KafkaTriggerSink:
         for d in decisions:
             if d.outcome == "taken":
                 await self.topic.send(key=d.trigger.key, value=encode_trigger(d.trigger))
-
-
-class ClickHouseDecisions:
-    """Writes every decision to ``scale_decisions`` on the worker's ClickHouse thread."""
-
-    def __init__(self, run: Callable[[Callable[[Any], None]], Awaitable[None]]) -> None:
-        self._run = run
-
-    async def send(self, decisions: Sequence[Decision]) -> None:
-        cols = decision_columns(decisions)
-        await self._run(lambda backend: backend.insert("scale_decisions", cols))
 
 
 def decision_columns(decisions: Sequence[Decision]) -> dict[str, list[Any]]:

@@ -26,7 +26,7 @@ How it steps around Faust's known traps:
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -177,17 +177,6 @@ class KafkaAlertSink:
     async def send(self, alerts: Sequence[Alert]) -> None:
         for a in alerts:
             await self.topic.send(key=alert_key(a), value=encode_alert(a))
-
-
-class ClickHouseDetections:
-    """Writes detections through a callable that runs a function on the worker's ClickHouse thread."""
-
-    def __init__(self, run: Callable[[Callable[[Any], None]], Awaitable[None]]) -> None:
-        self._run = run
-
-    async def send(self, alerts: Sequence[Alert]) -> None:
-        cols = detection_columns(alerts)
-        await self._run(lambda backend: backend.insert("detections", cols))
 
 
 def detection_columns(alerts: Sequence[Alert]) -> dict[str, list[Any]]:

@@ -181,7 +181,7 @@ async def _alerts_already_on_the_topic_are_not_sent_again() -> None:
 
 
 class Rows(Sink):
-    once_per_id = False  # as ClickHouseDetections: every message, repeats collapse in the table
+    once_per_id = False  # as the detections ClickHouseRows sink: every message, repeats collapse in the table
 
 
 class FlakySink(Sink):
