@@ -2,7 +2,7 @@
 
     python deploy/bench/drift.py [--per-kind 200] [--noise-gpus 100] [--noise-hours 6]
                                  [--noise 0.01,0.02] [--noise-only 0.01,0.02,0.05] [--workers 2] [--seed 1]
-                                 [--set FIELD=VALUE ...]
+                                 [--lookalikes 20] [--no-load] [--set FIELD=VALUE ...]
 
 Each GPU runs one seeded series through ``streams.detect.drift.EfficiencyDrift`` (default
 parameters, or ``--set`` overrides: must alert at 12% for 3 s, never below 10%, 60 s
@@ -17,7 +17,21 @@ ends 10 s after its event:
 - dips: depth uniform in [20, 60]%, length uniform in (0.3, 1), [1, 2), [2, 3) s, or 2.9 s;
 - shallow drops: depth 5%, 8% or 9.5%, length uniform in [10, 60] s;
 - noise only: ``--noise-gpus`` GPUs for ``--noise-hours`` at 1 s (a tenth of that at
-  100 ms, the same number of ticks), at each ``--noise-only`` level.
+  100 ms, the same number of ticks), at each ``--noise-only`` level;
+- look-alikes (``--lookalikes`` seeds each, 0 to skip): the load alone moves, with the
+  physics of ``deploy/bench/load_series.py`` (power follows the load with a 0.5 s lag, the
+  work per watt falls with the load): steps down from 0.9 SM activity to 0.8, 0.6 (the
+  issue's 0.92 -> 0.5), 0.5 and 0.2 of it, up from 0.4 to 1.5 and 2 times; a square wave between
+  0.9 and 0.5 or 0.17 of it with periods of 5, 10, 25, 50 and 120 s; a sine between the
+  same with periods of 5, 10, 60 and 120 s; a diurnal ramp down to 0.5 or 0.2 and back over 600
+  and 1800 s. Any firing is a false alarm, reported per GPU-day of look-alike ticks;
+- drops after a load move (with the look-alikes): the load steps from 0.9 to 0.5 at
+  60 s, then a drop of 15-30% at that steady load for 4-20 s: the drift must still be seen.
+
+Every tick carries its power (steady at 300-650 W, 0.3% noise, for the drops, dips,
+shallow drops and noise), so the rule judges against its load curve, as the worker does;
+``--no-load`` gives the ticks without power (the unconditioned rule; look-alikes then
+show what it did before the load curve).
 
 Delay = end of the confirming tick (tick_ns + grid_ns) - TRUE onset, in event time. A drop
 is recalled when a firing is confirmed in (onset - one tick, end of drop + one tick]. A
@@ -49,12 +63,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from streams.detect.drift import EfficiencyDrift
 from streams.detect.drift_params import DriftParams
+from streams.sim.load_series import Load, load_ticks
 
 S = 1_000_000_000
 DEPTHS = (0.10, 0.11, 0.12, 0.13, 0.15, 0.20, 0.30, 0.50)
 DIPS = {"0.3-1s": (0.3, 1.0), "1-2s": (1.0, 2.0), "2-3s": (2.0, 3.0), "2.9s": (2.9, 2.9)}
 SHALLOW = (0.05, 0.08, 0.095)
 Case = tuple[str, str, float, float, float, int]  # kind, label, depth, onset_s, length_s, seed
+WARM_S = 100.0  # steady load before a look-alike's event
+STEADY_LOADS = (0.3, 0.5, 0.7, 0.95)  # SM activity of the drifts at a steady load
+STEADY_DEPTHS = (0.12, 0.15, 0.2, 0.3)
+LOOKALIKES: dict[str, Load] = {
+    **{f"step down {lv:g}": Load("step", 0.9, lv, onset_s=WARM_S, length_s=400) for lv in (0.8, 0.6, 0.5, 0.2)},
+    **{f"step up {lv:g}": Load("step", 0.4, lv, onset_s=WARM_S, length_s=400) for lv in (1.5, 2.0)},
+    **{f"square {p:g}s {lv:g}": Load("square", 0.9, lv, p, WARM_S, max(300, 5 * p))
+       for p in (5, 10, 25, 50, 120) for lv in (0.5, 0.17)},
+    **{f"sine {p:g}s {lv:g}": Load("sine", 0.9, lv, p, WARM_S, max(300, 5 * p))
+       for p in (5, 10, 60, 120) for lv in (0.5, 0.2)},
+    **{f"diurnal {p:g}s {lv:g}": Load("diurnal", 0.9, lv, p, WARM_S, p) for p in (600, 1800) for lv in (0.5, 0.2)},
+}
 
 
 def ticks_of(grid_ns: int, seconds: float, depth: float, onset_s: float, length_s: float, noise: float,
@@ -69,14 +96,29 @@ def ticks_of(grid_ns: int, seconds: float, depth: float, onset_s: float, length_
     return t.tolist(), values.tolist()
 
 
-def run_case(args: tuple[int, float, Case, float, dict[str, Any]]) -> dict[str, Any]:
-    grid_ns, noise, (kind, label, depth, onset_s, length_s, seed), seconds, overrides = args
-    t, v = ticks_of(grid_ns, seconds, depth, onset_s, length_s, noise, seed)
+def run_case(args: tuple[int, float, Case, float, dict[str, Any], bool]) -> dict[str, Any]:
+    grid_ns, noise, (kind, label, depth, onset_s, length_s, seed), seconds, overrides, loaded = args
+    if kind == "lookalike":
+        t, v, power = load_ticks(grid_ns, seconds, LOOKALIKES[label], noise, seed)
+    elif kind == "steady":  # label "<load> <how>": a drift at a steady SM activity, by a slower kernel or a clock cap
+        load, how = label.split()
+        t, v, power = load_ticks(grid_ns, seconds, Load("steady", float(load)), noise, seed, drop=depth,
+                                 drop_onset_s=onset_s, drop_length_s=length_s, capped=how == "clock")
+    elif kind == "moved":  # a drop at a steady load the GPU moved to 40-60 s before
+        t, v, power = load_ticks(grid_ns, seconds, Load("step", 0.9, 0.5, onset_s=60, length_s=seconds), noise,
+                                 seed, drop=depth, drop_onset_s=onset_s, drop_length_s=length_s)
+    else:
+        t, v = ticks_of(grid_ns, seconds, depth, onset_s, length_s, noise, seed)
+        rng = np.random.default_rng(seed + 1)
+        power = (rng.uniform(300, 650) * (1 + rng.normal(0.0, 0.003, len(t)))).tolist()
     d = EfficiencyDrift(DriftParams(**overrides), grid_ns)
-    firings = [e.tick_ns for ti, vi in zip(t, v, strict=True) for e in d.update(ti, vi, "job") if e.state == "firing"]
+    loads = power if loaded else [None] * len(t)
+    firings = [e.tick_ns for ti, vi, pi in zip(t, v, loads, strict=True)
+               for e in d.update(ti, vi, "job", load=pi) if e.state == "firing"]
     lo, hi = int(onset_s * S), int((onset_s + length_s) * S)
     hits = [f for f in firings if lo - grid_ns < f <= hi + grid_ns]
-    return {"kind": kind, "label": label, "length_s": length_s, "firings": len(firings), "ticks": len(t),
+    return {"kind": kind, "label": label, "depth": depth, "length_s": length_s, "firings": len(firings),
+            "ticks": len(t),
             "delay_s": (hits[0] + grid_ns - lo) / S if hits else None, "early": sum(f <= lo - grid_ns for f in firings)}
 
 
@@ -95,6 +137,50 @@ def cases(per_kind: int, seed: int) -> list[Case]:
     for depth in SHALLOW:
         some("shallow", f"{depth * 100:g}%", (depth, depth), (10, 60))
     return out
+
+
+def lookalike_cases(seeds: int, seed: int) -> list[Case]:
+    rng = np.random.default_rng(seed + 7)
+    out: list[Case] = [("lookalike", label, 0.0, 0.0, 0.0, int(rng.integers(2**31)))
+                       for label in LOOKALIKES for _ in range(seeds)]
+    out += [("moved", f"{depth * 100:g}%", depth, float(rng.uniform(100, 130)), float(rng.uniform(4, 20)),
+             int(rng.integers(2**31))) for depth in (0.15, 0.2, 0.3) for _ in range(seeds * 4)]
+    out += [("steady", f"{load:g} {how}", depth, float(rng.uniform(80, 110)), float(rng.uniform(4, 30)),
+             int(rng.integers(2**31))) for load in STEADY_LOADS for how in ("tensor", "clock")
+            for depth in STEADY_DEPTHS for _ in range(seeds)]
+    return out
+
+
+def series_s(c: Case) -> float:
+    """How long a case's series runs: 10 s after its event."""
+    if c[0] == "lookalike":
+        ld = LOOKALIKES[c[1]]
+        return ld.onset_s + ld.length_s + 60
+    return c[3] + c[4] + 10
+
+
+def summarise_lookalikes(rows: list[dict[str, Any]], grid_ns: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for label in LOOKALIKES:
+        sel = [r for r in rows if r["kind"] == "lookalike" and r["label"] == label]
+        days = sum(r["ticks"] for r in sel) * grid_ns / S / 86400
+        out[label] = {"n": len(sel), "firings": sum(r["firings"] for r in sel),
+                      "per_gpu_day": round(sum(r["firings"] for r in sel) / days, 1)}
+    days = sum(r["ticks"] for r in rows if r["kind"] == "lookalike") * grid_ns / S / 86400
+    steady: dict[str, Any] = {}
+    for how in ("tensor", "clock"):
+        for depth in STEADY_DEPTHS:
+            steady[f"{how} {depth * 100:g}%"] = recall_of([r for r in rows if r["kind"] == "steady"
+                                                           and r["label"].endswith(how) and r["depth"] == depth])
+    return {"kinds": out, "gpu_days": round(days, 2), "firings": sum(v["firings"] for v in out.values()),
+            "per_gpu_day": round(sum(v["firings"] for v in out.values()) / max(days, 1e-9), 2),
+            "moved": recall_of([r for r in rows if r["kind"] == "moved"]), "steady": steady}
+
+
+def recall_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    delays = [r["delay_s"] for r in rows if r["delay_s"] is not None]
+    return {"n": len(rows), "recall": round(len(delays) / max(len(rows), 1), 3), "delay_p50_s": pct(delays, 50),
+            "delay_p95_s": pct(delays, 95), "early_firings": sum(r["early"] for r in rows)}
 
 
 def pct(xs: list[float], q: float) -> float | None:
@@ -167,6 +253,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-sim-noise", action="store_true", help="skip measuring the simulator's FLOPS/W noise")
+    ap.add_argument("--lookalikes", type=int, default=20, help="seeds per look-alike (0: none)")
+    ap.add_argument("--no-load", action="store_true", help="ticks without their power: the unconditioned rule")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a DriftParams field (repeatable), e.g. --set confidence_z=3")
     a = ap.parse_args()
@@ -182,13 +270,18 @@ def main() -> None:
         for grid_ms in (int(x) for x in a.grids_ms.split(",")):
             grid_ns = grid_ms * 1_000_000
             for noise in (float(x) for x in a.noise.split(",")):
-                jobs = [(grid_ns, noise, c, c[3] + c[4] + 10, overrides) for c in all_cases]
+                jobs = [(grid_ns, noise, c, c[3] + c[4] + 10, overrides, not a.no_load) for c in all_cases]
                 res = {"grid_ms": grid_ms, "noise": noise, **summarise(pool.map(run_case, jobs, chunksize=16))}
+                if a.lookalikes:
+                    look = [(grid_ns, noise, c, series_s(c), overrides, not a.no_load)
+                            for c in lookalike_cases(a.lookalikes, a.seed)]
+                    res["lookalikes"] = summarise_lookalikes(pool.map(run_case, look, chunksize=4), grid_ns)
                 results.append(res)
             hours = a.noise_hours * grid_ns / S
             for noise in (float(x) for x in a.noise_only.split(",")):
                 quiet: list[Case] = [("noise", "", 0.0, 0.0, 0.0, a.seed * 100_003 + i) for i in range(a.noise_gpus)]
-                qrows = pool.map(run_case, [(grid_ns, noise, c, hours * 3600, overrides) for c in quiet], chunksize=4)
+                qrows = pool.map(run_case, [(grid_ns, noise, c, hours * 3600, overrides, not a.no_load) for c in quiet],
+                                 chunksize=4)
                 alarms = sum(r["firings"] for r in qrows)
                 gpu_days = a.noise_gpus * hours / 24
                 results.append({"grid_ms": grid_ms, "noise": noise, "noise_only": {
@@ -212,13 +305,26 @@ def main() -> None:
               + "  ".join(f"{k}: {v['false_alarm_rate']}" for k, v in res["dips"].items()))
         print("shallow drops (10-60 s), false alarms: "
               + "  ".join(f"{k}: {v['false_alarm_rate']}" for k, v in res["shallow"].items()))
+        if "lookalikes" in res:
+            lk = res["lookalikes"]
+            print(f"look-alikes (load alone moves): {lk['firings']} firings in {lk['gpu_days']} GPU-days = "
+                  f"{lk['per_gpu_day']}/GPU-day; with firings: "
+                  + ("  ".join(f"{k}: {v['firings']}" for k, v in lk["kinds"].items() if v["firings"]) or "none"))
+            m = lk["moved"]
+            print(f"drops at a steady load after a load step: recall {m['recall']} of {m['n']}, "
+                  f"p50 {m['delay_p50_s']} s, p95 {m['delay_p95_s']} s, early {m['early_firings']}")
+            print(f"drifts at steady SM activity {', '.join(f'{x:g}' for x in STEADY_LOADS)} (4-30 s long), "
+                  "recall / p50 / p95 delay s:")
+            print("  " + "  ".join(f"{k}: {v['recall']} / {v['delay_p50_s']} / {v['delay_p95_s']}"
+                                   for k, v in lk["steady"].items()))
     if sim is not None:
         print(f"\nsimulator FLOPS/W per-tick noise (robust sigma): {sim}")
     p = params
     print(json.dumps({"bench": "drift", "date": time.strftime("%Y-%m-%d"), "elapsed_s": round(elapsed, 1),
                       "params": {"drop": p.drop, "floor": p.floor, "hold_s": p.hold_ns / S,
                                  "baseline_s": p.baseline_ns / S, "confidence_z": p.confidence_z, "edge_z": p.edge_z,
-                                 "max_tolerance_s": p.max_tolerance_ns / S, "max_gap_s": p.max_gap_ns / S},
+                                 "max_tolerance_s": p.max_tolerance_ns / S, "max_gap_s": p.max_gap_ns / S,
+                                 "load_band": p.load_band, "load_move": p.load_move, "loaded": not a.no_load},
                       "sim_noise": sim, "results": results}))
 
 

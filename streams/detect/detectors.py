@@ -153,7 +153,8 @@ class Detectors:
     def _drift(self, m: FrameMessage, g: GpuFrame) -> list[Alert]:
         value = g.derived.get("flops_per_watt")
         suspect = g.clock_uncertainty_us > self.params.max_uncertainty_us
-        events = self.drift.update((m.node, g.gpu), m.tick_ns, value, context_of(g.labels), suspect)
+        events = self.drift.update((m.node, g.gpu), m.tick_ns, value, context_of(g.labels), suspect,
+                                   g.values.get("power"))
         return [self._drift_alert(m, g, ev) for ev in events]
 
     def _drift_alert(self, m: FrameMessage, g: GpuFrame, ev: DriftEvent) -> Alert:

@@ -26,6 +26,7 @@ from streams.detect.drift_alert import OpenAlert
 from streams.detect.drift_baseline import Baseline
 from streams.detect.drift_params import DriftParams, detector_for
 from streams.detect.drift_run import Run
+from streams.detect.load_curve import LoadCurve, LoadNorm
 
 Evidence = Mapping[str, float | int | str]
 
@@ -55,6 +56,15 @@ class EfficiencyDrift:
         self._run = Run()
         self._river_ns: int | None = None  # River's latest firing (any tick)
         self._alert: OpenAlert | None = None
+        self._curve: LoadNorm = LoadCurve(params.load_band, *params.curve_sizes(grid_ns))
+        self._loaded = False  # this context's ticks carry their power: values are judged against the curve
+        self._pair: tuple[float, float] | None = None  # (power, FLOPS/W) of the current tick, when loaded
+        self._pairs: dict[int, tuple[float, float]] = {}  # the same for the open run's ticks
+        self._scale = 1.0  # the curve's norm at the latest judged tick (1 without load): back to FLOPS/W
+        self._powers: deque[tuple[int, float]] = deque()  # (tick, power) over the last load_move_ns
+        # Healthy (power, FLOPS/W) learnt before the curve could judge them: once it can, they seed the
+        # baseline (as value / norm), so a cold start learns in one baseline span, not in a band's plus that.
+        self._unjudged: deque[tuple[float, float]] = deque(maxlen=self._base.cap)
         self.ignored = 0  # ticks not newer than the last one
 
     @property
@@ -67,7 +77,9 @@ class EfficiencyDrift:
         """Per-tick noise relative to the baseline (interquartile range / 1.349 / median), or None."""
         return self._base.noise
 
-    def update(self, tick_ns: int, value: float | None, context: str, suspect: bool = False) -> list[DriftEvent]:
+    def update(self, tick_ns: int, value: float | None, context: str, suspect: bool = False,
+               load: float | None = None) -> list[DriftEvent]:
+        """Take one tick's FLOPS/W; ``load`` is its power (W), which makes the baseline load-conditioned."""
         if self._last_ns is not None and tick_ns <= self._last_ns:
             self.ignored += 1
             return []
@@ -75,10 +87,30 @@ class EfficiencyDrift:
         out: list[DriftEvent] = []
         if context != self._context:
             if self._alert is not None:
-                v = self._alert.value if value is None or not math.isfinite(value) else value
+                v = self._alert.value if value is None or not math.isfinite(value) or self._loaded else value
                 out.append(self._resolve(tick_ns, v, {"reason": "workload_change"}))
             self._learn_from_scratch(context)
         if value is None or not math.isfinite(value):
+            return out
+        self._pair = None
+        if load is not None and load > 0 and math.isfinite(load):
+            self._loaded = True
+            if self._moving(tick_ns, load):  # a load transition: neither judged nor learnt
+                if self._alert is None:
+                    self._drop_run()
+                return out
+            norm = self._curve.expected(load)
+            if norm is None or norm <= 0:  # a load this GPU has not shown yet: learn it, judge nothing
+                if self._alert is None and not self._run and not suspect:
+                    self._curve.accept(load, value)
+                    if self.baseline is None:
+                        self._unjudged.append((load, value))
+                return out
+            if self._unjudged and self.baseline is None:
+                self._seed_baseline()
+            self._pair, self._scale = (load, value), norm
+            value /= norm
+        elif self._loaded:  # this context's ticks carry power: one without cannot be put on its curve
             return out
         if self._valued_ns is not None and tick_ns - self._valued_ns > self.params.hold_ns:
             self._end_run()  # too long without data to call it one run
@@ -88,8 +120,7 @@ class EfficiencyDrift:
         prev, self._prev = self._prev, (tick_ns, value)
         base = self._alert.baseline if self._alert is not None else self.baseline
         if base is None or base <= 0:  # learning (a zero baseline cannot drop further)
-            if not suspect:
-                self._base.accept(value)
+            self._accept(value, self._pair, suspect)
             return out
         river = self._det.update(value / base)
         if river:
@@ -100,13 +131,14 @@ class EfficiencyDrift:
         run = self._run
         if not run:
             if not low:
-                if not suspect:
-                    self._base.accept(value)
+                self._accept(value, self._pair, suspect)
                 return out
             run.prev = prev[1] if prev is not None and prev[0] == tick_ns - self.grid_ns else None
         if river and run.river_ns is None:
             run.river_ns = tick_ns
         tick = (tick_ns, value, suspect)
+        if self._pair is not None and not suspect:
+            self._pairs[tick_ns] = self._pair
         if not low:
             run.pending.append(tick)
             if tick_ns - run.ticks[-1][0] > self.params.max_gap_ns:
@@ -131,9 +163,15 @@ class EfficiencyDrift:
         threshold = base * (1 - self.params.drop)
         for v in c.head:  # the cut head was noise: it teaches the baseline (which thaws after the alert)
             self._base.accept(v)
+        for t, pair in self._pairs.items():
+            if t < c.onset_ns:
+                self._curve.accept(*pair)
+        self._pairs.clear()
         self._alert = OpenAlert(c.onset_ns, base, threshold, value, c.level_ns, deque(c.level, maxlen=self._base.cap))
         self._run.clear()
-        return DriftEvent("firing", c.onset_ns, tick_ns, value, base, threshold, c.evidence)
+        k = self._scale
+        evidence = c.evidence if self._pair is None else {**c.evidence, "load_w": self._pair[0], "norm": k}
+        return DriftEvent("firing", c.onset_ns, tick_ns, value * k, base * k, threshold * k, evidence)
 
     def _while_open(self, tick_ns: int, value: float, suspect: bool, river: bool) -> list[DriftEvent]:
         a = self._alert
@@ -154,13 +192,43 @@ class EfficiencyDrift:
         a = self._alert
         assert a is not None
         self._alert = None
-        return DriftEvent("resolved", a.onset_ns, tick_ns, value, a.baseline, a.threshold, evidence)
+        k = self._scale
+        return DriftEvent("resolved", a.onset_ns, tick_ns, value * k, a.baseline * k, a.threshold * k, evidence)
 
     def _end_run(self) -> None:
         """An unconfirmed run ends: its values were noise, a dip or a shallow shift, and teach the baseline."""
-        for _, v, s in self._run.drain():
-            if not s:
-                self._base.accept(v)
+        for t, v, s in self._run.drain():
+            self._accept(v, self._pairs.get(t), s)
+        self._pairs.clear()
+
+    def _seed_baseline(self) -> None:
+        for power, value in self._unjudged:
+            norm = self._curve.expected(power)
+            if norm is not None and norm > 0:
+                self._base.accept(value / norm)
+        self._unjudged.clear()
+
+    def _moving(self, tick_ns: int, power: float) -> bool:
+        """Whether power moved more than ``load_move`` from its oldest reading within ``load_move_ns``."""
+        w = self._powers
+        while w and w[0][0] < tick_ns - self.params.load_move_ns:
+            w.popleft()
+        ref = w[0][1] if w else None
+        w.append((tick_ns, power))
+        return ref is not None and abs(math.log(power / ref)) > math.log1p(self.params.load_move)
+
+    def _drop_run(self) -> None:
+        """An unconfirmed run ends at a load transition: its ticks were judged at a load that was moving."""
+        self._run.clear()
+        self._pairs.clear()
+
+    def _accept(self, value: float, pair: tuple[float, float] | None, suspect: bool) -> None:
+        """A healthy tick teaches the baseline, and its (power, FLOPS/W) the load curve."""
+        if suspect:
+            return
+        self._base.accept(value)
+        if pair is not None:
+            self._curve.accept(*pair)
 
     def _learn_from_scratch(self, context: str) -> None:
         self._context = context
@@ -168,6 +236,11 @@ class EfficiencyDrift:
         self._run.clear()
         self._prev, self._river_ns, self._alert = None, None, None
         self._det.reset()
+        self._curve.reset()
+        self._pairs.clear()
+        self._powers.clear()
+        self._unjudged.clear()
+        self._loaded, self._scale = False, 1.0
 
     def buffer_lengths(self) -> dict[str, int]:
         """How many values each buffer holds (for checking that memory stays bounded)."""
@@ -182,6 +255,9 @@ class EfficiencyDrift:
             "prev": None if self._prev is None else list(self._prev),
             "base": self._base.values(), **self._run.snapshot(), "river_ns": self._river_ns,
             "alert": None if a is None else a.snapshot(), "detector": self._det.snapshot(), "ignored": self.ignored,
+            "curve": self._curve.snapshot(), "loaded": self._loaded, "scale": self._scale,
+            "pairs": [[t, p, v] for t, (p, v) in self._pairs.items()], "powers": [list(x) for x in self._powers],
+            "unjudged": [list(x) for x in self._unjudged],
         }
 
     @classmethod
@@ -196,4 +272,9 @@ class EfficiencyDrift:
         d._alert = None if a is None else OpenAlert.restore(a, d._base.cap)
         d._det.load(snap["detector"])
         d.ignored = int(snap["ignored"])
+        d._curve.load(snap.get("curve", []))
+        d._loaded, d._scale = bool(snap.get("loaded", False)), float(snap.get("scale", 1.0))
+        d._pairs = {int(t): (float(p), float(v)) for t, p, v in snap.get("pairs", [])}
+        d._powers.extend((int(t), float(p)) for t, p in snap.get("powers", []))
+        d._unjudged.extend((float(p), float(v)) for p, v in snap.get("unjudged", []))
         return d

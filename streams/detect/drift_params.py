@@ -41,6 +41,15 @@ class DriftParams:
     ph_threshold: float = 0.3
     ph_min_instances: int = 10
     adwin_delta: float = 0.002
+    # The load-conditioned norm (streams.detect.load_curve), used when ticks carry their power: bands of this
+    # relative width of power, each ready after load_need_ns of healthy ticks and holding at most load_cap.
+    load_band: float = 0.03
+    load_need_ns: int = 5_000_000_000
+    load_cap: int = 64
+    # A tick whose power moved more than load_move (relative) from the power load_move_ns earlier is a load
+    # transition: the power lags the work by a fraction of a second, so its FLOPS/W matches no steady load.
+    load_move: float = 0.06
+    load_move_ns: int = 1_000_000_000
 
     def __post_init__(self) -> None:
         if not 0 < self.drop < 1:
@@ -61,6 +70,10 @@ class DriftParams:
             raise ValueError("max_run_ns must be >= hold_ns")
         if self.detector not in ("page_hinkley", "adwin"):
             raise ValueError(f"detector must be 'page_hinkley' or 'adwin', got {self.detector!r}")
+        if not 0 < self.load_band < 1 or self.load_need_ns <= 0 or self.load_cap < 3:
+            raise ValueError("need 0 < load_band < 1, load_need_ns > 0 and load_cap >= 3")
+        if not self.load_move > 0 or self.load_move_ns <= 0:
+            raise ValueError("need load_move > 0 and load_move_ns > 0")
         # The detectors validate their own parameters; build one now so a bad one fails here.
         detector_for(self)
 
@@ -86,6 +99,11 @@ class DriftParams:
         if self.baseline_ns < grid_ns:
             raise ValueError("baseline_ns must span at least one grid tick")
         return self.baseline_ns // grid_ns, min(self.baseline_ns // grid_ns, -(-self.min_baseline_ns // grid_ns))
+
+    def curve_sizes(self, grid_ns: int) -> tuple[int, int]:
+        """(pairs held per load band, pairs that make it ready) at this grid."""
+        need = min(max(3, -(-self.load_need_ns // grid_ns)), self.load_cap)
+        return max(need, min(self.baseline_ns // grid_ns, self.load_cap)), need
 
 
 def detector_for(p: DriftParams) -> ChangeDetector:

@@ -1,4 +1,4 @@
 """The simulated cluster: physics, per-source signal generators, labelled scenarios and their playing.
 
-Imports: ``schemas`` and numpy; nothing else of ``streams``.
+Imports: ``schemas``, numpy and scipy; nothing else of ``streams``.
 """

@@ -5,7 +5,10 @@ sample's time, so the generators' random streams and state are untouched: power,
 temperature and clocks are exactly what they would have been without the event (an
 efficiency drop costs FLOPs, not watts), the output stays independent of where
 ``advance`` cuts, and a run without a scenario is byte-identical to one before
-scenarios existed.
+scenarios existed. A load change is the one event that costs watts: the dynamic part of
+the power (above the GPU's idle) follows the activity as the generator's physics has
+it (~ activity^0.6), settling with the same 0.5 s time constant, so FLOPS/W falls with
+the load as on a real GPU.
 """
 
 from __future__ import annotations
@@ -13,15 +16,59 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
+import math
 from collections.abc import Sequence
 from typing import Final, Literal
 
 from schemas.records import K8sEvent, SampleBatch
 from streams.sim.physics import NodeSpec, SimParams
-from streams.sim.scenario import Scenario
+from streams.sim.scenario import LoadProfile, Scenario, TruthEvent
 
 # The columns an efficiency drop or a spike rewrites; every other stream keeps its values.
 _ACTIVITY: Final = frozenset({"gpu_util", "sm_active", "tensor_active"})
+_POWER_TAU_NS: Final = 500_000_000  # as streams.sim.generators: power settles within ~1 s
+_SETTLED_NS: Final = 10 * _POWER_TAU_NS
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Load:
+    """A load change on one GPU: the activity factor at a time, and the (lagging) power factor."""
+
+    start: int
+    end: int
+    profile: LoadProfile
+    level: float
+    period: int
+
+    def factor(self, t: int) -> float:
+        if not self.start <= t < self.end:
+            return 1.0
+        x, lo = t - self.start, self.level
+        if self.profile == "step":
+            return lo
+        if self.profile == "square":
+            return lo if x % self.period < self.period / 2 else 1.0
+        span = self.period if self.profile == "sine" else self.end - self.start
+        return 1.0 - (1.0 - lo) * math.sin(math.pi * x / span) ** 2
+
+    def power_factor(self, t: int) -> float:
+        if self.profile in ("sine", "diurnal"):  # smooth: a first-order lag is a delay of its time constant
+            return self.factor(t - _POWER_TAU_NS)
+        sw = self._last_switch(t)
+        if sw is None:
+            return 1.0
+        now, before = self.factor(t), self.factor(sw - 1)
+        return now + (before - now) * math.exp(-(t - sw) / _POWER_TAU_NS)
+
+    def _last_switch(self, t: int) -> int | None:
+        if t < self.start:
+            return None
+        if t >= self.end:
+            return self.end
+        if self.profile == "step":
+            return self.start
+        half = self.period // 2
+        return self.start + (t - self.start) // half * half
 
 
 @dataclasses.dataclass(slots=True)
@@ -31,6 +78,8 @@ class _GpuEffects:
     drops: list[tuple[int, int, float]] = dataclasses.field(default_factory=list)  # (start, end, 1 - depth)
     spikes: list[tuple[int, int, float]] = dataclasses.field(default_factory=list)  # (start, end, level)
     changes: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # (from, workload), by time
+    loads: list[_Load] = dataclasses.field(default_factory=list)
+    idle_w: float = 0.0
 
 
 class ScenarioPlayer:
@@ -62,8 +111,10 @@ class ScenarioPlayer:
                     continue
                 renamed: dict[tuple[str, str], list[str]] = {}  # (old, new) -> GPUs
                 for g in hit:
-                    fx = self._effects.setdefault((node.name, g), _GpuEffects())
-                    if t.kind == "efficiency_drop":
+                    fx = self._effects.setdefault((node.name, g), _GpuEffects(idle_w=node.gpus[int(g)].idle_w))
+                    if t.kind == "load_change":
+                        fx.loads.append(_load(t))
+                    elif t.kind == "efficiency_drop":
                         fx.drops.append((t.start_ns, t.end_ns, 1.0 - t.depth))
                     elif t.kind == "spike":
                         fx.spikes.append((t.start_ns, t.end_ns, t.level))
@@ -88,8 +139,10 @@ class ScenarioPlayer:
             if fx is None:
                 out.append(b)
                 continue
-            if b.sensor in _ACTIVITY and (fx.drops or fx.spikes):
+            if b.sensor in _ACTIVITY and (fx.drops or fx.spikes or fx.loads):
                 b = dataclasses.replace(b, value=_activity(b, fx))
+            elif b.sensor == "power" and fx.loads:
+                b = dataclasses.replace(b, value=_power(b, fx))
             out.extend(_relabel(b, fx.changes) if fx.changes else (b,))
         return out
 
@@ -101,6 +154,11 @@ class ScenarioPlayer:
 def _activity(b: SampleBatch, fx: _GpuEffects) -> list[float]:
     values = list(b.value)
     ts = b.ts_ns
+    for ld in fx.loads:  # the workload's own load first: drops and spikes happen to whatever it runs
+        top = 100.0 if b.sensor == "gpu_util" else 1.0
+        for i in range(bisect.bisect_left(ts, ld.start), bisect.bisect_left(ts, ld.end)):
+            v = min(values[i] * ld.factor(ts[i]), top)
+            values[i] = float(round(v)) if b.sensor == "gpu_util" else v
     # Drops first, then spikes: a spike inside a drop still reaches its level.
     if b.sensor != "gpu_util":  # utilisation counts busy time, which a less efficient kernel still fills
         for start, end, factor in fx.drops:
@@ -113,6 +171,19 @@ def _activity(b: SampleBatch, fx: _GpuEffects) -> list[float]:
         else:  # tensor_active: a GPU's tensor cores cannot be busier than its SMs
             _rewrite(values, ts, start, end, "cap", level)
     return values
+
+
+def _power(b: SampleBatch, fx: _GpuEffects) -> list[float]:
+    values, ts, idle = list(b.value), b.ts_ns, fx.idle_w
+    for ld in fx.loads:
+        for i in range(bisect.bisect_left(ts, ld.start), bisect.bisect_left(ts, ld.end + _SETTLED_NS)):
+            v = values[i]
+            values[i] = idle + (v - idle) * ld.power_factor(ts[i]) ** 0.6 if v > idle else v
+    return values
+
+
+def _load(t: TruthEvent) -> _Load:
+    return _Load(t.start_ns, t.end_ns, t.profile, t.level, round(t.period_s * 1e9))
 
 
 def _rewrite(values: list[float], ts: Sequence[int], start: int, end: int, op: Literal["scale", "set", "cap"],

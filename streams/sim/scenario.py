@@ -30,6 +30,16 @@ File format (version 1)::
     duration_ms = 200.0           # optional, default 200
 
     [[event]]
+    kind = "load_change"          # the workload's load x level: activity and gpu_util scale, power follows
+    node = "node-01"              # (static power stays, dynamic power ~ activity^0.6, settling in ~0.5 s):
+    gpu = "0"                     # FLOPS/W falls with the load, and that is physics, not a drift
+    start_s = 30.0
+    duration_s = 600.0
+    profile = "square"            # "step": level for the duration; "square": level and 1 alternating every
+    level = 0.2                   # period_s / 2 (level first); "sine": between 1 and level with period_s;
+    period_s = 50.0               # "diurnal": 1 down to level and back over the duration. level in (0, 2]
+
+    [[event]]
     kind = "workload_change"      # the GPUs' workload label changes from start_s on
     node = "node-00"
     gpu = "*"
@@ -38,7 +48,7 @@ File format (version 1)::
 
 Without ``expect``, a drop is labelled ``alert`` when it is at least ``ALERT_MIN_DEPTH``
 deep and ``ALERT_MIN_DURATION_S`` long, ``no_alert`` otherwise (dips and shallow
-drops); spikes and workload changes are labelled ``no_alert``.
+drops); spikes, load changes and workload changes are labelled ``no_alert``.
 """
 
 from __future__ import annotations
@@ -57,9 +67,11 @@ ALERT_MIN_DEPTH: Final = 0.12
 ALERT_MIN_DURATION_S: Final = 3.0
 DEFAULT_SPIKE_MS: Final = 200.0
 
-EventKind = Literal["efficiency_drop", "spike", "workload_change"]
+EventKind = Literal["efficiency_drop", "spike", "load_change", "workload_change"]
+LoadProfile = Literal["step", "square", "sine", "diurnal"]
 Expect = Literal["alert", "no_alert"]
-KINDS: Final[tuple[EventKind, ...]] = ("efficiency_drop", "spike", "workload_change")
+KINDS: Final[tuple[EventKind, ...]] = ("efficiency_drop", "spike", "load_change", "workload_change")
+PROFILES: Final[tuple[LoadProfile, ...]] = ("step", "square", "sine", "diurnal")
 EXPECTS: Final[tuple[Expect, ...]] = ("alert", "no_alert")
 
 _S: Final = 1_000_000_000
@@ -68,6 +80,7 @@ _COMMON_KEYS: Final = ("kind", "node", "gpu", "start_s", "expect")
 _KIND_KEYS: Final[dict[str, tuple[str, ...]]] = {
     "efficiency_drop": ("duration_s", "depth"),
     "spike": ("level", "duration_ms"),
+    "load_change": ("duration_s", "profile", "level", "period_s"),
     "workload_change": ("new_workload",),
 }
 _NODE_RE: Final = re.compile(r"node-(\d+)")
@@ -98,8 +111,10 @@ class ScenarioEvent:
     duration_s: float  # 0 for a workload change (it lasts); a spike's duration_ms / 1000
     expect: Expect
     depth: float = 0.0  # efficiency_drop
-    level: float = 0.0  # spike
+    level: float = 0.0  # spike; load_change: the load factor
     new_workload: str | None = None  # workload_change; None: the simulator names it
+    profile: LoadProfile = "step"  # load_change
+    period_s: float = 0.0  # load_change "square" and "sine"
     line: int | None = None  # of the event's [[event]] header, when the file uses headers
 
     def covers(self, node: str, gpu: str) -> bool:
@@ -121,6 +136,8 @@ class TruthEvent:
     depth: float = 0.0
     level: float = 0.0
     new_workload: str | None = None
+    profile: LoadProfile = "step"
+    period_s: float = 0.0
 
     def covers(self, node: str, gpu: str) -> bool:
         """Whether the event concerns GPU ``gpu`` of ``node``."""
@@ -167,7 +184,8 @@ class Scenario:
     def truth(self, start_ns: int) -> list[TruthEvent]:
         """The events at absolute times for a run that starts at ``start_ns``, by start time."""
         out = [TruthEvent(e.index, e.kind, e.node, e.gpu, start_ns + _ns(e.start_s),
-                          start_ns + _ns(e.start_s) + _ns(e.duration_s), e.expect, e.depth, e.level, e.new_workload)
+                          start_ns + _ns(e.start_s) + _ns(e.duration_s), e.expect, e.depth, e.level, e.new_workload,
+                          e.profile, e.period_s)
                for e in self.events]
         out.sort(key=lambda t: (t.start_ns, t.index))
         return out
@@ -284,6 +302,20 @@ def _event(t: dict[str, object], i: int, line: int | None, source: str) -> Scena
         duration_ms = number("duration_ms", 0.0, math.inf, lo_open=True, default=DEFAULT_SPIKE_MS)
         return ScenarioEvent(i, "spike", node, gpu, start_s, duration_ms / 1000.0, expect or "no_alert",
                              level=level, line=line)
+    if kind == "load_change":
+        duration_s = number("duration_s", 0.0, math.inf, lo_open=True)
+        profile = t.get("profile", "step")
+        if profile not in PROFILES:
+            raise fail(f"profile must be one of {', '.join(map(repr, PROFILES))}, got {profile!r}")
+        level = number("level", 0.0, 2.0, lo_open=True)
+        periodic = profile in ("square", "sine")
+        if periodic and "period_s" not in t:
+            raise fail(f"a {profile} load_change needs 'period_s'")
+        if not periodic and "period_s" in t:
+            raise fail(f"period_s is for the square and sine profiles, not {profile!r}")
+        period_s = number("period_s", 0.0, math.inf, lo_open=True) if periodic else 0.0
+        return ScenarioEvent(i, "load_change", node, gpu, start_s, duration_s, expect or "no_alert", level=level,
+                             profile=profile, period_s=period_s, line=line)
     new = t.get("new_workload")
     if new is not None and not (isinstance(new, str) and _WORKLOAD_RE.fullmatch(new)):
         raise fail(f"new_workload must be a Kubernetes name (lowercase letters, digits, '-', at most 63), "

@@ -38,6 +38,8 @@ def toml(*events: str, head: str = "version = 1\n") -> str:
 DROP = 'kind = "efficiency_drop"\nnode = "node-00"\ngpu = "0"\nstart_s = 20.0\nduration_s = 10.0\ndepth = 0.25'
 SPIKE = 'kind = "spike"\nnode = "node-01"\ngpu = "1"\nstart_s = 15.0\nlevel = 0.95'
 CHANGE = 'kind = "workload_change"\nnode = "node-01"\ngpu = "*"\nstart_s = 12.5'
+LOAD = ('kind = "load_change"\nnode = "node-00"\ngpu = "1"\nstart_s = 10.0\nduration_s = 20.0\nprofile = "square"\n'
+        'level = 0.3\nperiod_s = 10.0')
 
 
 # --- parsing ------------------------------------------------------------------------------------------------------
@@ -103,7 +105,7 @@ def test_toml_syntax_errors_keep_the_parser_position() -> None:
 
 
 @pytest.mark.parametrize(("event", "fragment"), [
-    ('node = "node-00"', "kind must be one of 'efficiency_drop', 'spike', 'workload_change', got None"),
+    ('node = "node-00"', "kind must be one of 'efficiency_drop', 'spike', 'load_change', 'workload_change', got None"),
     ('kind = "dip"', "kind must be one of"),
     (DROP + "\ndept = 0.2", "unknown key(s) 'dept'; efficiency_drop takes kind, node, gpu, start_s, expect, "
                             "duration_s, depth"),
@@ -139,6 +141,12 @@ def test_toml_syntax_errors_keep_the_parser_position() -> None:
     (CHANGE + '\nnew_workload = "LLM Serve"', "new_workload must be a Kubernetes name"),
     (CHANGE + '\nnew_workload = ""', "new_workload must be a Kubernetes name"),
     (CHANGE + "\nnew_workload = 7", "new_workload must be a Kubernetes name"),
+    (LOAD.replace('"square"', '"saw"'), "profile must be one of 'step', 'square', 'sine', 'diurnal', got 'saw'"),
+    (LOAD.replace("\nperiod_s = 10.0", ""), "a square load_change needs 'period_s'"),
+    (LOAD.replace('"square"', '"step"'), "period_s is for the square and sine profiles, not 'step'"),
+    (LOAD.replace("level = 0.3", "level = 0"), "level must be in (0, 2], got 0.0"),
+    (LOAD.replace("level = 0.3", "level = 3"), "level must be in (0, 2], got 3.0"),
+    (LOAD.replace("period_s = 10.0", "period_s = 0"), "period_s must be > 0, got 0.0"),
 ])
 def test_event_errors_name_the_file_event_and_line(event: str, fragment: str) -> None:
     # The bad event is the second one, so index and line are not the defaults.
@@ -295,6 +303,33 @@ def test_workload_change_relabels_from_its_start_and_publishes_an_event(base: Ru
         ("node-01", start + 30 * S, "Scheduled", "llm-canary", ("0", "1")),
     ]
     assert "workload llm-serve-v2 -> llm-canary" in added[1].message
+
+
+def test_parses_a_load_change() -> None:
+    (ev,) = parse_scenario(toml(LOAD)).events
+    assert ev == ScenarioEvent(0, "load_change", "node-00", "1", 10.0, 20.0, "no_alert", level=0.3, profile="square",
+                               period_s=10.0, line=3)
+    (step,) = parse_scenario(toml(LOAD.replace('"square"', '"step"').replace("\nperiod_s = 10.0", ""))).events
+    assert step.profile == "step" and step.period_s == 0.0
+
+
+def test_a_load_change_moves_activity_and_power_together_and_keeps_static_power(base: Run) -> None:
+    """Low phases [10, 15) and [20, 25): activity x 0.3; power falls towards the idle draw, lagging ~0.5 s."""
+    run = play(parse_scenario(toml(LOAD)))
+    for sensor in ("sm_active", "tensor_active"):
+        got, _ = window(run, sensor, "node-00", "1", 10, 15)
+        want, _ = window(base, sensor, "node-00", "1", 10, 15)
+        assert got == pytest.approx([v * 0.3 for v in want])
+        assert window(run, sensor, "node-00", "1", 15, 20)[0] == window(base, sensor, "node-00", "1", 15, 20)[0]
+    got_p, _ = window(run, "power", "node-00", "1", 12, 15)  # settled
+    want_p, _ = window(base, "power", "node-00", "1", 12, 15)
+    assert sum(got_p) < 0.8 * sum(want_p)
+    assert min(got_p) > 0.5 * min(want_p), "the static part of the power stays"
+    first, _ = window(run, "power", "node-00", "1", 10.0, 10.1)  # 100 ms into the low phase: still high
+    assert first[0] > 0.75 * window(base, "power", "node-00", "1", 10.0, 10.1)[0][0]
+    assert window(run, "power", "node-00", "1", 0, 10)[0] == window(base, "power", "node-00", "1", 0, 10)[0]
+    changed = {k for k in base[0] if base[0][k] != run[0][k]}
+    assert changed == {(s, "node-00", "1") for s in ("gpu_util", "sm_active", "tensor_active", "power")}
 
 
 def test_wildcards_reach_every_gpu(base: Run) -> None:

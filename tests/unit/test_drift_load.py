@@ -1,0 +1,105 @@
+"""The drift rule judged at the load the GPU runs: load moves alone never alert, a drift at a steady load does.
+
+The series come from ``streams.sim.load_series``: power follows the activity with a 0.5 s lag
+(idle ~110 W plus a dynamic part), so FLOPS/W falls with the load as on a real GPU.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from streams.detect.drift import DriftEvent, EfficiencyDrift
+from streams.detect.drift_params import DriftParams
+from streams.sim.load_series import Load, load_ticks
+
+S = 1_000_000_000
+GRIDS = [S, S // 10]
+
+
+def play(grid_ns: int, t: list[int], v: list[float], p: list[float] | None,
+         d: EfficiencyDrift | None = None) -> list[DriftEvent]:
+    d = d or EfficiencyDrift(DriftParams(), grid_ns)
+    loads = p if p is not None else [None] * len(t)
+    return [e for ti, vi, pi in zip(t, v, loads, strict=True) for e in d.update(ti, vi, "ns/svc/bf16", load=pi)]
+
+
+LOOKALIKES = {
+    "step down to 0.6": Load("step", 0.9, 0.6, onset_s=100, length_s=300),
+    "step down to 0.2": Load("step", 0.9, 0.2, onset_s=100, length_s=300),
+    "step up x2": Load("step", 0.4, 2.0, onset_s=100, length_s=300),
+    "square 25 s to 0.17": Load("square", 0.9, 0.17, 25, 100, 300),
+    "square 60 s to 0.5": Load("square", 0.9, 0.5, 60, 100, 360),
+    "square 5 s to 0.5": Load("square", 0.9, 0.5, 5, 100, 300),
+    "sine 10 s to 0.2": Load("sine", 0.9, 0.2, 10, 100, 300),
+    "sine 120 s to 0.5": Load("sine", 0.9, 0.5, 120, 100, 480),
+    "diurnal 600 s to 0.2": Load("diurnal", 0.9, 0.2, 0, 100, 600),
+    "warm-up after a start": Load("step", 0.9, 0.1, onset_s=0, length_s=30),
+}
+
+
+@pytest.mark.parametrize("grid_ns", GRIDS)
+@pytest.mark.parametrize("name", list(LOOKALIKES))
+def test_a_load_change_alone_never_alerts(grid_ns: int, name: str) -> None:
+    ld = LOOKALIKES[name]
+    for seed in range(3):
+        t, v, p = load_ticks(grid_ns, ld.onset_s + ld.length_s + 60, ld, 0.01, seed)
+        assert play(grid_ns, t, v, p) == [], (name, seed)
+
+
+def test_without_its_power_a_load_step_down_looks_like_a_drift() -> None:
+    """The reason the rule needs the power: FLOPS/W alone cannot tell a load step from a drift."""
+    ld = LOOKALIKES["step down to 0.6"]
+    t, v, _ = load_ticks(S, 460, ld, 0.01, 0)
+    assert [e.state for e in play(S, t, v, None)][:1] == ["firing"]
+
+
+@pytest.mark.parametrize("grid_ns", GRIDS)
+@pytest.mark.parametrize("load", [0.3, 0.6, 0.95])
+@pytest.mark.parametrize("depth", [0.15, 0.3])
+def test_a_drift_at_a_steady_load_alerts_about_3s_after_it_starts(grid_ns: int, load: float, depth: float) -> None:
+    t, v, p = load_ticks(grid_ns, 170, Load("steady", load), 0.01, 7, drop=depth, drop_onset_s=120.0,
+                         drop_length_s=30.0)
+    ev = play(grid_ns, t, v, p)
+    assert [e.state for e in ev] == ["firing", "resolved"]
+    f = ev[0]
+    assert 120 * S - grid_ns <= f.onset_ns <= 120 * S + grid_ns
+    assert f.tick_ns + grid_ns - 120 * S <= 4.5 * S  # the seeds' 3 s, plus a tick and the baseline's noise
+    # Evidence in FLOPS/W, as without the load: the value sits about depth below the baseline at this load.
+    assert f.value / f.baseline == pytest.approx(1 - depth, abs=0.05)
+    assert f.evidence["load_w"] == pytest.approx(p[int(f.tick_ns // grid_ns)])
+    assert float(f.evidence["norm"]) > 0
+
+
+@pytest.mark.parametrize("grid_ns", GRIDS)
+def test_a_drift_at_the_load_a_gpu_moved_to_still_alerts(grid_ns: int) -> None:
+    ld = Load("step", 0.9, 0.5, onset_s=60, length_s=400)
+    t, v, p = load_ticks(grid_ns, 200, ld, 0.01, 3, drop=0.2, drop_onset_s=150.0, drop_length_s=20.0)
+    ev = play(grid_ns, t, v, p)
+    assert [e.state for e in ev] == ["firing", "resolved"]
+    assert 150 * S - grid_ns <= ev[0].onset_ns <= 150 * S + grid_ns
+
+
+@pytest.mark.parametrize("grid_ns", GRIDS)
+def test_snapshot_restore_with_loads_gives_identical_events(grid_ns: int) -> None:
+    ld = Load("square", 0.9, 0.4, 40, 60, 200)
+    t, v, p = load_ticks(grid_ns, 330, ld, 0.02, 5, drop=0.25, drop_onset_s=290.0, drop_length_s=15.0)
+    whole = play(grid_ns, t, v, p)
+    assert [e.state for e in whole] == ["firing", "resolved"]
+    for cut in (len(t) // 3, len(t) * 29 // 33, len(t) * 296 // 330):
+        d = EfficiencyDrift(DriftParams(), grid_ns)
+        first = play(grid_ns, t[:cut], v[:cut], p[:cut], d)
+        again = EfficiencyDrift.restore(DriftParams(), grid_ns, json.loads(json.dumps(d.snapshot())))
+        assert first + play(grid_ns, t[cut:], v[cut:], p[cut:], again) == whole, cut
+
+
+@pytest.mark.parametrize("grid_ns", GRIDS)
+def test_a_cold_start_judges_as_soon_as_the_unconditioned_rule_would(grid_ns: int) -> None:
+    """Ticks learnt before the curve could judge them seed the baseline: the first judgement is not ~5 s later."""
+    t, v, p = load_ticks(grid_ns, 60, Load("steady", 0.7), 0.01, 11, drop=0.25, drop_onset_s=21.0,
+                         drop_length_s=20.0)
+    loaded, plain = play(grid_ns, t, v, p), play(grid_ns, t, v, None)
+    assert [e.state for e in loaded][:1] == [e.state for e in plain][:1] == ["firing"]
+    assert loaded[0].onset_ns == plain[0].onset_ns
+    assert loaded[0].tick_ns <= plain[0].tick_ns + grid_ns
