@@ -30,7 +30,7 @@ from schemas.catalog import BY_NAME, CATALOG, INT_LABELS, LABEL_COLUMNS, Sensor
 from schemas.frame_messages import frame_schema
 from schemas.records import UTC_CLOCK, WIRE_VERSION
 from schemas.triggers import trigger_schema
-from schemas.workload_samples import WORKLOAD_SAMPLE_VERSION, WorkloadSample
+from schemas.workload_samples import REQUIRED_FIELDS, WORKLOAD_SAMPLE_VERSION, DriftDetail, WorkloadSample
 
 _DRAFT: Final = "https://json-schema.org/draft/2020-12/schema"
 K8S_EVENTS: Final = "k8s.events"  # the names of agents.kafka.topics, before any prefix (a test keeps them equal)
@@ -157,6 +157,12 @@ def _field_schema(name: str, hint: Any) -> dict[str, Any]:
         return {"oneOf": [nonneg_number, {"type": "null"}]}
     if hint == tuple[str, ...]:
         return {"type": "array", "items": {"type": "string"}}
+    if hint == tuple[DriftDetail, ...]:
+        number = {"type": "number"}
+        return {"type": "array", "items": {
+            "type": "object", "required": ["gpu", "value", "baseline", "load_w"], "additionalProperties": False,
+            "properties": {"gpu": {"type": "string"}, "value": number, "baseline": number,
+                           "load_w": {"oneOf": [number, {"type": "null"}]}}}}
     raise TypeError(f"schemas/topic_schemas.py: no JSON Schema for WorkloadSample.{name}: {hint!r}")
 
 
@@ -172,7 +178,7 @@ def workload_schema() -> dict[str, Any]:
                        "Kafka key = namespace/workload, Kafka timestamp = tick. Written by the detection agent, "
                        "read by the decision agent.",
         "type": "object",
-        "required": ["v", *names],
+        "required": ["v", *REQUIRED_FIELDS],
         "additionalProperties": False,
         "properties": {"v": {"const": WORKLOAD_SAMPLE_VERSION}, **{n: _field_schema(n, hints[n]) for n in names}},
     }

@@ -17,6 +17,9 @@ tick it has already seen.
 True
 >>> s.key
 b'serving/chat'
+
+Two fields came later and may be absent from a message (they default): ``power_w`` and
+``drift_detail``, the figures behind each drifting GPU, which a ``rebalance`` states.
 """
 
 from __future__ import annotations
@@ -29,6 +32,16 @@ from typing import Any, Final
 import orjson
 
 WORKLOAD_SAMPLE_VERSION: Final = 1
+
+
+@dataclass(frozen=True, slots=True)
+class DriftDetail:
+    """One GPU's open efficiency drift, as confirmed: what a ``rebalance`` trigger states."""
+
+    gpu: str
+    value: float  # FLOPS/W at the confirming tick
+    baseline: float  # what this GPU achieved at the same load (FLOPS/W)
+    load_w: float | None  # the power it was judged at; None: judged without its power
 
 
 class WorkloadSampleDecodeError(ValueError):
@@ -53,6 +66,8 @@ class WorkloadSample:
     spike: bool  # an L1 spike on one of the GPUs at this tick
     drift: tuple[str, ...]  # GPUs with a confirmed efficiency drift open
     present: bool = True
+    power_w: float | None = None  # mean power over the GPUs, W
+    drift_detail: tuple[DriftDetail, ...] = ()  # for each GPU of ``drift``, by GPU
 
     @property
     def key(self) -> bytes:
@@ -60,7 +75,9 @@ class WorkloadSample:
 
 
 _FIELDS: Final = tuple(f.name for f in dataclasses.fields(WorkloadSample))
-_OPTIONAL: Final = ("sm_active", "pcie_util", "nccl_ms", "latency_ms", "qps")
+LATER_FIELDS: Final = ("power_w", "drift_detail")  # may be missing: written since the load-conditioned drift
+REQUIRED_FIELDS: Final = tuple(n for n in _FIELDS if n not in LATER_FIELDS)
+_OPTIONAL: Final = ("sm_active", "pcie_util", "nccl_ms", "latency_ms", "qps", "power_w")
 
 
 def encode_workload_sample(s: WorkloadSample) -> bytes:
@@ -68,6 +85,7 @@ def encode_workload_sample(s: WorkloadSample) -> bytes:
     for name in _FIELDS:
         d[name] = getattr(s, name)
     d["pods"], d["drift"] = list(s.pods), list(s.drift)
+    d["drift_detail"] = [dataclasses.asdict(x) for x in s.drift_detail]
     return orjson.dumps(d, option=orjson.OPT_SORT_KEYS)
 
 
@@ -79,7 +97,7 @@ def decode_workload_sample(data: bytes) -> WorkloadSample:
         raise WorkloadSampleDecodeError(f"malformed_json: {exc}") from None
     if not isinstance(obj, dict) or obj.get("v") != WORKLOAD_SAMPLE_VERSION:
         raise WorkloadSampleDecodeError("unknown_version: expected an object with v = 1")
-    missing = [n for n in _FIELDS if n not in obj]
+    missing = [n for n in REQUIRED_FIELDS if n not in obj]
     if missing:
         raise WorkloadSampleDecodeError(f"missing_field: {', '.join(missing)}")
     for name in ("namespace", "workload", "workload_class", "node"):
@@ -90,6 +108,8 @@ def decode_workload_sample(data: bytes) -> WorkloadSample:
             raise WorkloadSampleDecodeError(f"wrong_type: {name} must be a non-negative integer")
     if obj["grid_ns"] == 0:
         raise WorkloadSampleDecodeError("out_of_range: grid_ns must be greater than 0")
+    obj.setdefault("power_w", None)
+    obj["drift_detail"] = _details(obj.get("drift_detail", []))
     for name in _OPTIONAL:
         v = obj[name]
         if v is not None and (type(v) not in (int, float) or not math.isfinite(v) or v < 0):
@@ -103,3 +123,20 @@ def decode_workload_sample(data: bytes) -> WorkloadSample:
         if type(obj[name]) is not bool:
             raise WorkloadSampleDecodeError(f"wrong_type: {name} must be a boolean")
     return WorkloadSample(**{n: obj[n] for n in _FIELDS})
+
+
+def _details(raw: object) -> tuple[DriftDetail, ...]:
+    def number(x: object) -> bool:
+        return type(x) in (int, float) and math.isfinite(x)  # type: ignore[arg-type]
+
+    if not isinstance(raw, list):
+        raise WorkloadSampleDecodeError("wrong_type: drift_detail must be a list")
+    out = []
+    for d in raw:
+        if (not isinstance(d, dict) or set(d) != {"gpu", "value", "baseline", "load_w"}
+                or not isinstance(d["gpu"], str) or not number(d["value"]) or not number(d["baseline"])
+                or not (d["load_w"] is None or number(d["load_w"]))):
+            raise WorkloadSampleDecodeError("wrong_type: drift_detail items must be {gpu, value, baseline, load_w}")
+        out.append(DriftDetail(d["gpu"], float(d["value"]), float(d["baseline"]),
+                               None if d["load_w"] is None else float(d["load_w"])))
+    return tuple(out)

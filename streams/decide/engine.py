@@ -175,4 +175,6 @@ def _aggregate(tick: int, grid: int, samples: list[WorkloadSample], stale: str |
 
     return WorkloadTick(tick, grid, len(pods) if pods else len(samples), gpus, weighted("sm_active"),
                         weighted("pcie_util"), pick("nccl_ms", max), pick("latency_ms", max), pick("qps", sum),
-                        any(s.spike for s in samples), tuple(sorted({g for s in samples for g in s.drift})), stale)
+                        any(s.spike for s in samples), tuple(sorted({g for s in samples for g in s.drift})), stale,
+                        weighted("power_w"), tuple(sorted(((s.node, d) for s in samples for d in s.drift_detail),
+                                                          key=lambda nd: (nd[0], nd[1].gpu))))

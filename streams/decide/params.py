@@ -70,6 +70,11 @@ class Rules:
     tick_grace_s: float = 30.0  # a tick waits this long (event time) for a node that is behind; as max_age_s
     # Rollback (seed 001 §4.2).
     watch_s: float = 120.0
+    # Rebalance (a restart or move): one per workload per this (None: cooldown_s), and never while the
+    # workload's mean power moved more than rebalance_load_move (relative) within rebalance_load_s.
+    rebalance_cooldown_s: float | None = None
+    rebalance_load_s: float = 30.0
+    rebalance_load_move: float = 0.10
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,13 @@ How the rules combine (each evaluated tick, in this order):
    ``reverses`` names the scale-down). Cooldowns and the rate limit do not hold a rollback:
    it repairs a decision of ours; staleness does.
 2. **Rebalance** once per drift episode: the first tick at which a GPU of the workload has
-   a confirmed efficiency drift open (the detection agent's ``efficiency_drift``).
+   a confirmed efficiency drift open (the detection agent's ``efficiency_drift``). A rebalance
+   restarts or moves the work, so it has guards of its own: at most one per workload per
+   ``rebalance_cooldown_s`` (an episode that opens and ends inside it gets none; one still
+   open when it ends gets its rebalance then), never while the workload's mean power moved
+   more than ``rebalance_load_move`` within ``rebalance_load_s`` (a load change, not a
+   drift), and it spends the rate limit's tokens like any action. Its evidence states, per
+   drifting GPU, the FLOPS/W, the baseline at that load and the power it was judged at.
 3. **Scale up** when any up-rule holds (SM activity, PCIe, NCCL AllReduce; for online
    classes p95 latency and QPS per replica over their windows); all that hold are the
    reasons. Desired = the largest ``ceil(current x value / threshold)`` of them, at least
@@ -35,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from schemas.triggers import Action, Before, Trigger, make_trigger
+from schemas.workload_samples import DriftDetail
 from streams.decide.params import DecideParams, S
 from streams.decide.window import Held, TokenBucket, Window
 
@@ -58,6 +65,8 @@ class WorkloadTick:
     spike: bool
     drift: tuple[str, ...]
     stale: str | None = None  # "stale_node" | "stale_data": nothing is taken on this tick
+    power_w: float | None = None  # mean power over the GPUs
+    drift_detail: tuple[tuple[str, DriftDetail], ...] = ()  # (node, figures) of each drifting GPU
 
     @property
     def end_ns(self) -> int:
@@ -92,6 +101,8 @@ class WorkloadRules:
         self._withheld_now = False
         self.last_spike: int | None = None
         self.drift_open = False
+        self.last_rebalance_ns: int | None = None
+        self.powers: deque[tuple[int, float]] = deque()  # (tick, mean power) over rebalance_load_s
         self.last_action: Trigger | None = None
         self.desired: int | None = None
         self.watch: Trigger | None = None
@@ -297,17 +308,44 @@ class WorkloadRules:
         self._taken(trig)
         return Decision(trig, "taken")
 
+    def _load_moved(self, t: WorkloadTick) -> float | None:
+        """How far (relative, max over min) the workload's mean power moved within ``rebalance_load_s``."""
+        r = self.params.rules
+        w = self.powers
+        if t.power_w is not None and t.power_w > 0 and t.stale is None:
+            w.append((t.tick_ns, t.power_w))
+        while w and w[0][0] <= t.tick_ns - int(r.rebalance_load_s * S):
+            w.popleft()
+        if not w:
+            return None
+        lo, hi = min(p for _, p in w), max(p for _, p in w)
+        return hi / lo - 1.0
+
     def _rebalance(self, t: WorkloadTick, bucket: TokenBucket) -> list[Decision]:
+        r = self.params.rules
+        moved = self._load_moved(t)
         if not t.drift:
             if t.stale is None:  # a tick missing the drifting node says nothing about the episode
                 self.drift_open = False
             return []
         if self.drift_open:
             return []
-        ev = {"efficiency_drift": {"value": float(len(t.drift)), "threshold": 1.0,
-                                   "window_s": self.params.rules.check_interval_s, "gpus": ",".join(t.drift)}}
+        drift: dict[str, Any] = {"value": float(len(t.drift)), "threshold": 1.0, "window_s": r.check_interval_s,
+                                 "gpus": ",".join(t.drift), "load_moved": moved, "load_window_s": r.rebalance_load_s}
+        worst = min(t.drift_detail, key=lambda nd: nd[1].value / nd[1].baseline if nd[1].baseline > 0 else 1.0,
+                    default=None)
+        if worst is not None:  # the deepest drop, stated at the load it was judged at
+            node, d = worst
+            drift.update(node=node, gpu=d.gpu, flops_per_watt=d.value, baseline_at_load=d.baseline, load_w=d.load_w,
+                         drop=1 - d.value / d.baseline if d.baseline > 0 else None)
+        ev = {"efficiency_drift": drift}
         trig = self._trigger("rebalance", t, t.replicas, ev)
         gates = [t.stale] if t.stale else []
+        cooldown = r.cooldown_s if r.rebalance_cooldown_s is None else r.rebalance_cooldown_s
+        if self.last_rebalance_ns is not None and t.end_ns - self.last_rebalance_ns < int(cooldown * S):
+            gates.append("cooldown")
+        if moved is not None and moved > r.rebalance_load_move:
+            gates.append("load_change")
         if not gates and self._not_sent(trig):
             # Replaying: this episode was open before the replayed window (or its trigger was lost);
             # either way it is not announced again.
@@ -318,6 +356,7 @@ class WorkloadRules:
         if gates:
             return self._withheld(trig, gates)
         self.drift_open = True
+        self.last_rebalance_ns = trig.ts_ns
         self._taken(trig)
         return [Decision(trig, "taken")]
 

@@ -7,6 +7,12 @@ it nears capacity. The loop is closed: a taken ``scale_up``/``scale_down``/``rol
 changes the replica count ``actuation_s`` later, as an autoscaler acting on the trigger
 would, so the engine sees the consequences of its own decisions.
 
+Power follows the load as on a real GPU (200 W static plus 450 W at full SM activity, a
+tick's mean lagging a load change by ~0.5 s), and FLOPS/W is the tensor work over it, so
+the detection agent's drift rule runs on the frames as it does in the worker: a load
+change moves FLOPS/W but is no drift; ``drift`` makes the replicas do less tensor work at
+the same power, which is one.
+
 ``run_scenario`` returns the frames (what the Kafka tests publish) and the decisions
 the engine made in-process (what they must see again); ``SCENARIOS`` names them, with the
 decisions each one expects.
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,6 +35,7 @@ from schemas.frames import peak_column
 from streams.decide.engine import Decider
 from streams.decide.params import DecideParams, NamespacePolicy, S
 from streams.decide.rules import Decision
+from streams.detect.detectors import Detectors, DetectParams
 from streams.detect.spike_rule import SPIKE_THRESHOLDS
 from streams.detect.workload_tap import WorkloadTap
 
@@ -63,6 +71,7 @@ class Scenario:
     spikes_at: tuple[float, ...] = ()  # seconds: a 200 ms L1 spike on every replica
     stopped: tuple[tuple[str, float, float], ...] = ()  # (node, from_s, to_s): that node's collector is down
     lagged: tuple[tuple[float, float, float], ...] = ()  # (from_s, to_s, lag_s): the worker reads that late
+    drift: tuple[tuple[float, float, float], ...] = ()  # (from_s, to_s, depth): less tensor work, same power
     params: DecideParams = field(default_factory=DecideParams)
     expect: tuple[Expect, ...] = ()
     node_offset: int = 0  # first node's number: scenarios run side by side on distinct nodes
@@ -83,6 +92,8 @@ def node_name(i: int) -> str:
 def run_scenario(sc: Scenario, grid_s: float = 1.0) -> Run:
     grid = int(grid_s * S)
     tap = WorkloadTap(SPIKE_THRESHOLDS, lambda _model: 32e9)
+    detectors = Detectors(DetectParams(), grid)
+    rng = random.Random(sc.name)
     decider = Decider(sc.params)
     replicas = sc.replicas
     changes: list[tuple[float, int]] = [(0.0, replicas)]
@@ -101,10 +112,10 @@ def run_scenario(sc: Scenario, grid_s: float = 1.0) -> Run:
             node = node_name(n + sc.node_offset)
             if any(node == s and a <= t_s < b for s, a, b in sc.stopped):
                 continue
-            m = _frame(sc, node, n, tick, grid, replicas, t_s)
+            m = _frame(sc, node, n, tick, grid, replicas, t_s, rng)
             frames.append(m)
-            drifting = ()
-            for s in tap.summarise(m, drifting):
+            detectors.on_message(m)
+            for s in tap.summarise(m, detectors.drifting(node)):
                 for d in decider.on_sample(s, now):
                     decisions.append(d)
                     if d.outcome == "taken" and d.trigger.action != "rebalance":
@@ -116,9 +127,20 @@ def run_scenario(sc: Scenario, grid_s: float = 1.0) -> Run:
 UTIL_PEAK = peak_column("gpu_util")
 
 
-def _frame(sc: Scenario, node: str, n: int, tick: int, grid: int, replicas: int, t_s: float) -> FrameMessage:
+STATIC_W, DYNAMIC_W, TAU_S = 200.0, 450.0, 0.5
+PEAK_FLOPS = 989.5e12  # an H100-SXM's dense bf16 peak
+
+
+def _frame(sc: Scenario, node: str, n: int, tick: int, grid: int, replicas: int, t_s: float,
+           rng: random.Random) -> FrameMessage:
+    grid_s = grid / S
     share = sc.load(t_s) / max(replicas, 1)
     util = min(share / sc.capacity_qps, 1.0)
+    before = min(sc.load(max(t_s - grid_s, 0.0)) / max(replicas, 1) / sc.capacity_qps, 1.0)
+    # A tick's mean power after a load change at its start: the new level plus the decaying rest of the old one.
+    lag = TAU_S / grid_s * (1 - math.exp(-grid_s / TAU_S))
+    power = STATIC_W + DYNAMIC_W * 0.9 * (util + (before - util) * lag)
+    depth = max([d for a, b, d in sc.drift if a <= t_s < b], default=0.0)
     latency = 40.0 + 100.0 * util**4
     spike = any(a <= t_s < a + 1 for a in sc.spikes_at)
     gpus = []
@@ -129,8 +151,11 @@ def _frame(sc: Scenario, node: str, n: int, tick: int, grid: int, replicas: int,
             continue
         labels = {"namespace": sc.namespace, "workload": sc.workload, "class": sc.workload_class,
                   "pod": f"{sc.workload}-{replica}", "gpu_model": "H100-SXM"}
-        values = {"sm_active": 0.9 * util, "request_rate": share, "request_latency_ms": latency}
-        gpus.append(GpuFrame(str(g), labels, values, {UTIL_PEAK: 99.0 if spike else 90.0 * util}, ""))
+        p = power * (1 + rng.gauss(0.0, 0.003))  # NVML's power reading is good to a few watts
+        values = {"sm_active": 0.9 * util, "request_rate": share, "request_latency_ms": latency, "power": p}
+        tensor = 0.8 * 0.9 * util * (1 - depth) * (1 + rng.gauss(0.0, 0.01))
+        derived = {UTIL_PEAK: 99.0 if spike else 90.0 * util, "flops_per_watt": PEAK_FLOPS * tensor / p}
+        gpus.append(GpuFrame(str(g), labels, values, derived, ""))
     return FrameMessage(node, tick, grid, tuple(gpus))
 
 
@@ -170,12 +195,13 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("diurnal", "load rises from 1,500 to 6,000 requests/s and falls back over 40 min", 2400,
              _wave(1500.0, 6000.0, 2400.0), replicas=3,
              expect=(Expect("scale_up", to_s=1200), Expect("scale_down", from_s=1200),
-                     Expect("scale_down", to_s=900, count=0))),
+                     Expect("scale_down", to_s=900, count=0), Expect("rebalance", count=0))),
     Scenario("flapping", "load flips every 70 s between 90% and 20% of 4 replicas' capacity: one scale-up in "
              "the first hot phase, then no change of direction", 1500,
              lambda t: 3600.0 if int(t // 70) % 2 == 0 else 800.0,
              expect=(Expect("scale_up", to_s=70, count=1), Expect("scale_up", from_s=70, count=0),
-                     Expect("scale_down", count=0), Expect("scale_down", "withheld", gate="stabilisation"))),
+                     Expect("scale_down", count=0), Expect("scale_down", "withheld", gate="stabilisation"),
+                     Expect("rebalance", count=0))),
     Scenario("spikes", "idle batch work with 200 ms load spikes every 45 s: never shrinks", 900, lambda t: 600.0,
              workload_class="batch", workload="etl", namespace="jobs",
              spikes_at=tuple(float(x) for x in range(20, 900, 45)),
@@ -195,4 +221,17 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              lambda t: 9000.0 if t < 500 else 300.0, replicas=4, params=_quota(),
              expect=(Expect("scale_up", "withheld", gate="quota_max"), Expect("scale_down", "withheld",
                                                                               gate="quota_min"))),
+    Scenario("oscillating", "SM activity alternates between 60% and 15% every 25 s, then every 60 s: FLOPS/W "
+             "falls in every low phase, which is physics, not a drift", 900,
+             lambda t: (2700.0 if int(t // 25) % 2 == 0 else 700.0) if t < 450 else
+             (2700.0 if int(t // 60) % 2 == 0 else 700.0), replicas=4, node_offset=10,
+             expect=(Expect("rebalance", count=0), Expect("rebalance", "withheld", count=0))),
+    Scenario("load_step", "the load steps down from 65% to 20% SM activity at 300 s and stays there", 900,
+             lambda t: 2900.0 if t < 300 else 900.0, replicas=4, node_offset=12,
+             expect=(Expect("rebalance", count=0), Expect("rebalance", "withheld", count=0))),
+    Scenario("drift", "a steady load; from 400 s the replicas do 25% less tensor work at the same power, twice "
+             "within the cooldown: exactly one rebalance", 900, lambda t: 2400.0, replicas=4, node_offset=14,
+             drift=((400.0, 460.0, 0.25), (520.0, 560.0, 0.25)),
+             expect=(Expect("rebalance", from_s=400, to_s=406, count=1), Expect("rebalance", count=1),
+                     Expect("rebalance", "withheld", gate="cooldown", from_s=520, to_s=526, count=1))),
 )}

@@ -42,6 +42,7 @@ from typing import Any, Final
 
 from schemas.alerts import Alert, Severity, make_alert
 from schemas.frame_messages import FrameMessage, GpuFrame
+from schemas.workload_samples import DriftDetail
 from streams.detect.drift import DriftEvent
 from streams.detect.drift_bank import DriftBank
 from streams.detect.drift_params import DriftParams
@@ -127,9 +128,15 @@ class Detectors:
     def firing_count(self) -> int:
         return len(self._open)
 
-    def drifting(self, node: str) -> frozenset[str]:
-        """The node's GPUs with an ``efficiency_drift`` episode open."""
-        return frozenset(g for rule, n, g in self._open if n == node and rule == DRIFT_RULE)
+    def drifting(self, node: str) -> dict[str, DriftDetail]:
+        """The node's GPUs with an ``efficiency_drift`` episode open, with the figures it was confirmed on."""
+        out = {}
+        for (rule, n, g), a in self._open.items():
+            if n == node and rule == DRIFT_RULE:
+                load = a.evidence.get("load_w")
+                out[g] = DriftDetail(g, a.value, a.baseline if a.baseline is not None else a.threshold,
+                                     float(load) if isinstance(load, int | float) else None)
+        return out
 
     def _spikes(self, m: FrameMessage, g: GpuFrame) -> list[Alert]:
         out = []

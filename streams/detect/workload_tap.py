@@ -20,12 +20,13 @@ node whose collector stopped.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from schemas.frame_messages import FrameMessage, GpuFrame
-from schemas.workload_samples import WorkloadSample
+from schemas.workload_samples import DriftDetail, WorkloadSample
 from streams.detect.spike_rule import spike_flags, tick_peaks
 
 DEFAULT_NAMESPACE = "default"
@@ -42,8 +43,9 @@ class _Acc:
     nccl: list[float] = field(default_factory=list)
     latency: list[float] = field(default_factory=list)
     qps: list[float] = field(default_factory=list)
+    power: list[float] = field(default_factory=list)
     spike: bool = False
-    drift: list[str] = field(default_factory=list)
+    drift: list[DriftDetail] = field(default_factory=list)
 
 
 class WorkloadTap:
@@ -56,9 +58,11 @@ class WorkloadTap:
         self.max_nodes = max_nodes
         self._held: OrderedDict[str, dict[tuple[str, str], str]] = OrderedDict()
 
-    def summarise(self, m: FrameMessage, drifting: Iterable[str]) -> list[WorkloadSample]:
-        """The summaries of one frames message; ``drifting``: the node's GPUs with an efficiency drift open."""
-        drift = frozenset(drifting)
+    def summarise(self, m: FrameMessage, drifting: Mapping[str, DriftDetail] | Iterable[str]) -> list[WorkloadSample]:
+        """The summaries of one frames message; ``drifting``: the node's GPUs with an efficiency drift open
+        (with their figures, or just their names)."""
+        drift: Mapping[str, DriftDetail | None] = (
+            drifting if isinstance(drifting, Mapping) else dict.fromkeys(drifting))
         accs: dict[tuple[str, str], _Acc] = {}
         for g in m.gpus:
             name = g.labels.get("workload")
@@ -68,7 +72,9 @@ class WorkloadTap:
             acc = accs.get(key)
             if acc is None:
                 acc = accs[key] = _Acc(str(g.labels.get("class") or DEFAULT_CLASS))
-            self._add(acc, g, g.gpu in drift)
+            if g.gpu in drift:
+                acc.drift.append(drift[g.gpu] or DriftDetail(g.gpu, math.nan, math.nan, None))
+            self._add(acc, g)
         out = [self._sample(m, key, acc) for key, acc in sorted(accs.items())]
         before = self._held.pop(m.node, {})
         for key in sorted(before.keys() - accs.keys()):
@@ -80,7 +86,7 @@ class WorkloadTap:
                 self._held.popitem(last=False)
         return out
 
-    def _add(self, acc: _Acc, g: GpuFrame, drifting: bool) -> None:
+    def _add(self, acc: _Acc, g: GpuFrame) -> None:
         v = g.values
         acc.gpus += 1
         pod = g.labels.get("pod")
@@ -98,17 +104,19 @@ class WorkloadTap:
             acc.latency.append(lat)
         if (qps := v.get("request_rate")) is not None:
             acc.qps.append(qps)
+        if (power := v.get("power")) is not None and math.isfinite(power):
+            acc.power.append(power)
         if any(spike_flags(peak, limit) for _, peak, limit in tick_peaks(g.derived, self.spike_thresholds)):
             acc.spike = True
-        if drifting:
-            acc.drift.append(g.gpu)
 
     @staticmethod
     def _sample(m: FrameMessage, key: tuple[str, str], a: _Acc) -> WorkloadSample:
         return WorkloadSample(key[0], key[1], a.workload_class, m.node, m.tick_ns, m.grid_ns, a.gpus,
                               tuple(sorted(a.pods)), _mean(a.sm), _mean(a.pcie), max(a.nccl, default=None),
                               max(a.latency, default=None), sum(a.qps) if a.qps else None, a.spike,
-                              tuple(sorted(a.drift)))
+                              tuple(sorted(d.gpu for d in a.drift)), power_w=_mean(a.power),
+                              drift_detail=tuple(d for d in sorted(a.drift, key=lambda d: d.gpu)
+                                                 if math.isfinite(d.value)))
 
 
 def _mean(xs: list[float]) -> float | None:

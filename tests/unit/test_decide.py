@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from schemas.triggers import decode_trigger, encode_trigger
-from schemas.workload_samples import WorkloadSample
+from schemas.workload_samples import DriftDetail, WorkloadSample
 from streams.decide.engine import Decider
 from streams.decide.params import (
     ClassPolicy,
@@ -27,11 +27,12 @@ T0 = 1_796_200_000 * S
 
 def sample(t: int, node: str = "n1", cls: str = "training", pods: int = 2, **values: Any) -> WorkloadSample:
     base: dict[str, Any] = {"sm_active": 0.5, "pcie_util": None, "nccl_ms": None, "latency_ms": None, "qps": None,
-                            "spike": False, "drift": ()}
+                            "spike": False, "drift": (), "power_w": None, "drift_detail": ()}
     base.update(values)
     return WorkloadSample("ml", "job", cls, node, T0 + t * S, S, 8, tuple(f"{node}-p{i}" for i in range(pods)),
                           base["sm_active"], base["pcie_util"], base["nccl_ms"], base["latency_ms"], base["qps"],
-                          base["spike"], tuple(base["drift"]))
+                          base["spike"], tuple(base["drift"]), power_w=base["power_w"],
+                          drift_detail=tuple(base["drift_detail"]))
 
 
 def run(d: Decider, samples: Iterable[WorkloadSample], now: int | None = None) -> list[Decision]:
@@ -110,12 +111,52 @@ def test_quota_max_withholds_and_says_so_once() -> None:
     assert taken(out) == [] and held(out) == [("scale_up", "quota_max")]
 
 
-def test_rebalance_once_per_drift_episode() -> None:
+def test_rebalance_once_per_drift_episode_and_per_cooldown() -> None:
+    """An episode that opens and ends inside the cooldown gets none; one still open when it ends gets it then."""
     d = Decider(DecideParams())
-    seq = [sample(t, drift=("3",) if 10 <= t < 20 or 40 <= t < 45 else ()) for t in range(60)]
+    drifting = [(10, 20), (40, 45), (100, 400), (700, 710)]
+    seq = [sample(t, drift=("3",) if any(a <= t < b for a, b in drifting) else ()) for t in range(800)]
     out = run(d, seq)
-    assert taken(out) == [("rebalance", 11), ("rebalance", 41)]
+    assert taken(out) == [("rebalance", 11), ("rebalance", 311), ("rebalance", 701)]
+    assert held(out) == [("rebalance", "cooldown"), ("rebalance", "cooldown")]
     assert out[0].trigger.evidence["efficiency_drift"]["gpus"] == "3" and out[0].trigger.delta == 0
+
+
+def test_rebalance_cooldown_is_its_own_setting() -> None:
+    d = Decider(DecideParams(rules=Rules(rebalance_cooldown_s=20.0)))
+    seq = [sample(t, drift=("3",) if 10 <= t < 20 or 40 <= t < 45 else ()) for t in range(60)]
+    assert taken(run(d, seq)) == [("rebalance", 11), ("rebalance", 41)]
+
+
+def test_rebalance_spends_the_rate_limit() -> None:
+    d = Decider(DecideParams(rules=Rules(rate_per_min=0.001, rate_burst=1.0)))
+    out = run(d, [sample(t, sm_active=0.9 if t < 70 else 0.5, drift=("3",) if t >= 80 else ()) for t in range(100)])
+    assert taken(out) == [("scale_up", 60)] and held(out) == [("rebalance", "rate_limit")]
+
+
+def test_no_rebalance_while_the_workload_power_moves_and_one_once_it_holds() -> None:
+    """A drift confirmed while the load (the workload's mean power) is still moving is a load change."""
+    def power(t: int) -> float:
+        return 600.0 if t < 50 else 400.0  # the load steps down at 50 s
+
+    d = Decider(DecideParams())
+    out = run(d, [sample(t, power_w=power(t), drift=("3",) if t >= 53 else ()) for t in range(120)])
+    assert held(out) == [("rebalance", "load_change")]
+    assert taken(out) == [("rebalance", 80)]  # 30 s after the step the power has held: the drift is a drift
+    ev = out[-1].trigger.evidence["efficiency_drift"]
+    assert ev["load_moved"] == 0.0 and ev["load_window_s"] == 30.0
+
+
+def test_rebalance_states_the_drift_at_its_load() -> None:
+    details = (DriftDetail("3", 0.75e12, 1.0e12, 412.5), DriftDetail("5", 0.8e12, 1.0e12, None))
+    out = run(Decider(DecideParams()), [sample(t, power_w=410.0, drift=("3", "5") if t >= 5 else (),
+                                               drift_detail=details if t >= 5 else ()) for t in range(10)])
+    assert taken(out) == [("rebalance", 6)]
+    ev = out[0].trigger.evidence["efficiency_drift"]
+    assert ev["gpus"] == "3,5" and ev["node"] == "n1" and ev["gpu"] == "3"
+    assert ev["flops_per_watt"] == 0.75e12 and ev["baseline_at_load"] == 1.0e12 and ev["load_w"] == 412.5
+    assert ev["drop"] == pytest.approx(0.25)
+    assert out[0].trigger.reasons == ("efficiency_drift",)
 
 
 # --- scale-down gates --------------------------------------------------------------------------------------------

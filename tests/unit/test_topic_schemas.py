@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import doctest
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,13 @@ from schemas.catalog import BY_NAME, CATALOG
 from schemas.codec import decode_samples, encode_beacon, encode_k8s_event
 from schemas.records import ClockBeacon, K8sEvent, SampleBatch
 from schemas.topic_schemas import SHIPPED, TOPIC_NAMES, UnknownTopicError, schema_for, shipped_file
-from schemas.workload_samples import WorkloadSample, encode_workload_sample
+from schemas.workload_samples import (
+    DriftDetail,
+    WorkloadSample,
+    WorkloadSampleDecodeError,
+    decode_workload_sample,
+    encode_workload_sample,
+)
 from streams.sim.simulate import ClusterSimulator, SimParams
 
 JSON_DIR = Path(schemas.topic_schemas.__file__).parent / "json"
@@ -140,6 +147,25 @@ def test_workload_summaries_validate_and_bad_ones_fail() -> None:
     for bad in ({"spike": 1}, {"qps": -1.0}, {"pods": "chat-0"}, {"unknown": 1}):
         assert not v.is_valid(doc | bad), bad
     assert not v.is_valid({k: x for k, x in doc.items() if k != "present"})
+
+
+def test_workload_summaries_carry_power_and_drift_figures_and_older_ones_still_decode() -> None:
+    s = WorkloadSample("serving", "chat", "inference", "node-1", T0, 10**9, 4, ("chat-0",), 0.5, None, None,
+                       80.0, 900.0, False, ("0", "2"), power_w=412.5,
+                       drift_detail=(DriftDetail("0", 7.5e11, 1e12, 410.0), DriftDetail("2", 8e11, 1e12, None)))
+    raw = encode_workload_sample(s)
+    doc = orjson.loads(raw)
+    v = validator("flopwatch.workloads")
+    v.validate(doc)
+    assert decode_workload_sample(raw) == s
+    older = {k: x for k, x in doc.items() if k not in ("power_w", "drift_detail")}  # written before they existed
+    v.validate(older)
+    assert decode_workload_sample(orjson.dumps(older)) == dataclasses.replace(s, power_w=None, drift_detail=())
+    for bad in ({"power_w": -1.0}, {"drift_detail": [{"gpu": "0"}]}, {"drift_detail": "0"},
+                {"drift_detail": [{"gpu": "0", "value": 1.0, "baseline": 1.0, "load_w": None, "x": 1}]}):
+        assert not v.is_valid(doc | bad), bad
+        with pytest.raises(WorkloadSampleDecodeError):
+            decode_workload_sample(orjson.dumps(doc | bad))
 
 
 def test_the_dlq_schema_accepts_raw_bytes_and_documents_the_headers() -> None:
