@@ -24,9 +24,13 @@ ends 10 s after its event:
   issue's 0.92 -> 0.5), 0.5 and 0.2 of it, up from 0.4 to 1.5 and 2 times; a square wave between
   0.9 and 0.5 or 0.17 of it with periods of 5, 10, 25, 50 and 120 s; a sine between the
   same with periods of 5, 10, 60 and 120 s; a diurnal ramp down to 0.5 or 0.2 and back over 600
-  and 1800 s. Any firing is a false alarm, reported per GPU-day of look-alike ticks;
+  and 1800 s; a warm-up (the first 10 or 30 s of a pod at 0.1 or 0.4 of its load). Any firing is a
+  false alarm, reported per GPU-day of look-alike ticks;
 - drops after a load move (with the look-alikes): the load steps from 0.9 to 0.5 at
-  60 s, then a drop of 15-30% at that steady load for 4-20 s: the drift must still be seen.
+  60 s, then a drop of 15-30% at that steady load for 4-20 s: the drift must still be seen;
+- drifts at a steady load (with the look-alikes): SM activity 0.3, 0.5, 0.7 or 0.95, a drop of
+  12, 15, 20 or 30% for 4-30 s, by a slower kernel (less work, same power) or by clocks held
+  down under the power cap (less work, same power, which hunts 1% around the cap).
 
 Every tick carries its power (steady at 300-650 W, 0.3% noise, for the drops, dips,
 shallow drops and noise), so the rule judges against its load curve, as the worker does;
@@ -81,6 +85,8 @@ LOOKALIKES: dict[str, Load] = {
     **{f"sine {p:g}s {lv:g}": Load("sine", 0.9, lv, p, WARM_S, max(300, 5 * p))
        for p in (5, 10, 60, 120) for lv in (0.5, 0.2)},
     **{f"diurnal {p:g}s {lv:g}": Load("diurnal", 0.9, lv, p, WARM_S, p) for p in (600, 1800) for lv in (0.5, 0.2)},
+    # A pod that starts: its first seconds at a fraction of the load (loading weights, warming caches), then full.
+    **{f"warm-up {n:g}s {lv:g}": Load("step", 0.9, lv, onset_s=0, length_s=n) for n in (10, 30) for lv in (0.1, 0.4)},
 }
 
 

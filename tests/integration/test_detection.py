@@ -51,6 +51,24 @@ node = "node-00"
 gpu = "1"
 start_s = 30.2
 level = 0.99
+# Look-alikes: the load alone moves and power follows; FLOPS/W falls, no drift.
+[[event]]
+kind = "load_change"
+node = "node-01"
+gpu = "1"
+start_s = 25.0
+duration_s = 50.0
+profile = "square"
+level = 0.3
+period_s = 20.0
+[[event]]
+kind = "load_change"
+node = "node-00"
+gpu = "1"
+start_s = 50.0
+duration_s = 29.0
+profile = "step"
+level = 0.4
 """
 
 
