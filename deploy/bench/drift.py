@@ -2,7 +2,8 @@
 
     python deploy/bench/drift.py [--per-kind 200] [--noise-gpus 100] [--noise-hours 6]
                                  [--noise 0.01,0.02] [--noise-only 0.01,0.02,0.05] [--workers 2] [--seed 1]
-                                 [--lookalikes 20] [--no-load] [--set FIELD=VALUE ...]
+                                 [--lookalikes 20] [--no-load] [--power-noise 0.003,0.03]
+                                 [--set FIELD=VALUE ...]
 
 Each GPU runs one seeded series through ``streams.detect.drift.EfficiencyDrift`` (default
 parameters, or ``--set`` overrides: must alert at 12% for 3 s, never below 10%, 60 s
@@ -32,8 +33,10 @@ ends 10 s after its event:
   12, 15, 20 or 30% for 4-30 s, by a slower kernel (less work, same power) or by clocks held
   down under the power cap (less work, same power, which hunts 1% around the cap).
 
-Every tick carries its power (steady at 300-650 W, 0.3% noise, for the drops, dips,
-shallow drops and noise), so the rule judges against its load curve, as the worker does;
+Every tick carries its power (steady at 300-650 W, the first ``--power-noise``, for the drops,
+dips, shallow drops and noise; the look-alike families at each ``--power-noise``: NVML's
+reading is good to a few watts, but a workload's own power wobbles more), and its FLOPS/W is
+the work over that measured power, so the rule judges against its load curve, as the worker does;
 ``--no-load`` gives the ticks without power (the unconditioned rule; look-alikes then
 show what it did before the load curve).
 
@@ -102,21 +105,21 @@ def ticks_of(grid_ns: int, seconds: float, depth: float, onset_s: float, length_
     return t.tolist(), values.tolist()
 
 
-def run_case(args: tuple[int, float, Case, float, dict[str, Any], bool]) -> dict[str, Any]:
-    grid_ns, noise, (kind, label, depth, onset_s, length_s, seed), seconds, overrides, loaded = args
+def run_case(args: tuple[int, float, Case, float, dict[str, Any], bool, float]) -> dict[str, Any]:
+    grid_ns, noise, (kind, label, depth, onset_s, length_s, seed), seconds, overrides, loaded, pn = args
     if kind == "lookalike":
-        t, v, power = load_ticks(grid_ns, seconds, LOOKALIKES[label], noise, seed)
+        t, v, power = load_ticks(grid_ns, seconds, LOOKALIKES[label], noise, seed, power_noise=pn)
     elif kind == "steady":  # label "<load> <how>": a drift at a steady SM activity, by a slower kernel or a clock cap
         load, how = label.split()
         t, v, power = load_ticks(grid_ns, seconds, Load("steady", float(load)), noise, seed, drop=depth,
-                                 drop_onset_s=onset_s, drop_length_s=length_s, capped=how == "clock")
+                                 drop_onset_s=onset_s, drop_length_s=length_s, capped=how == "clock", power_noise=pn)
     elif kind == "moved":  # a drop at a steady load the GPU moved to 40-60 s before
         t, v, power = load_ticks(grid_ns, seconds, Load("step", 0.9, 0.5, onset_s=60, length_s=seconds), noise,
-                                 seed, drop=depth, drop_onset_s=onset_s, drop_length_s=length_s)
+                                 seed, drop=depth, drop_onset_s=onset_s, drop_length_s=length_s, power_noise=pn)
     else:
         t, v = ticks_of(grid_ns, seconds, depth, onset_s, length_s, noise, seed)
         rng = np.random.default_rng(seed + 1)
-        power = (rng.uniform(300, 650) * (1 + rng.normal(0.0, 0.003, len(t)))).tolist()
+        power = (rng.uniform(300, 650) * (1 + rng.normal(0.0, pn, len(t)))).tolist()
     d = EfficiencyDrift(DriftParams(**overrides), grid_ns)
     loads = power if loaded else [None] * len(t)
     firings = [e.tick_ns for ti, vi, pi in zip(t, v, loads, strict=True)
@@ -261,9 +264,13 @@ def main() -> None:
     ap.add_argument("--no-sim-noise", action="store_true", help="skip measuring the simulator's FLOPS/W noise")
     ap.add_argument("--lookalikes", type=int, default=20, help="seeds per look-alike (0: none)")
     ap.add_argument("--no-load", action="store_true", help="ticks without their power: the unconditioned rule")
+    ap.add_argument("--power-noise", default="0.003,0.03",
+                    help="per-tick noise of the power reading (fractions); the look-alike families run at each, "
+                         "the rest at the first")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a DriftParams field (repeatable), e.g. --set confidence_z=3")
     a = ap.parse_args()
+    power_noise = [float(x) for x in a.power_noise.split(",")]
     overrides: dict[str, Any] = {}
     for kv in a.set:
         name, _, raw = kv.partition("=")
@@ -276,18 +283,20 @@ def main() -> None:
         for grid_ms in (int(x) for x in a.grids_ms.split(",")):
             grid_ns = grid_ms * 1_000_000
             for noise in (float(x) for x in a.noise.split(",")):
-                jobs = [(grid_ns, noise, c, c[3] + c[4] + 10, overrides, not a.no_load) for c in all_cases]
+                jobs = [(grid_ns, noise, c, c[3] + c[4] + 10, overrides, not a.no_load, power_noise[0])
+                        for c in all_cases]
                 res = {"grid_ms": grid_ms, "noise": noise, **summarise(pool.map(run_case, jobs, chunksize=16))}
-                if a.lookalikes:
-                    look = [(grid_ns, noise, c, series_s(c), overrides, not a.no_load)
+                for pn in power_noise if a.lookalikes else ():
+                    look = [(grid_ns, noise, c, series_s(c), overrides, not a.no_load, pn)
                             for c in lookalike_cases(a.lookalikes, a.seed)]
-                    res["lookalikes"] = summarise_lookalikes(pool.map(run_case, look, chunksize=4), grid_ns)
+                    res.setdefault("lookalikes", {})[f"{pn:g}"] = summarise_lookalikes(
+                        pool.map(run_case, look, chunksize=4), grid_ns)
                 results.append(res)
             hours = a.noise_hours * grid_ns / S
             for noise in (float(x) for x in a.noise_only.split(",")):
                 quiet: list[Case] = [("noise", "", 0.0, 0.0, 0.0, a.seed * 100_003 + i) for i in range(a.noise_gpus)]
-                qrows = pool.map(run_case, [(grid_ns, noise, c, hours * 3600, overrides, not a.no_load) for c in quiet],
-                                 chunksize=4)
+                qrows = pool.map(run_case, [(grid_ns, noise, c, hours * 3600, overrides, not a.no_load, power_noise[0])
+                                            for c in quiet], chunksize=4)
                 alarms = sum(r["firings"] for r in qrows)
                 gpu_days = a.noise_gpus * hours / 24
                 results.append({"grid_ms": grid_ms, "noise": noise, "noise_only": {
@@ -311,8 +320,8 @@ def main() -> None:
               + "  ".join(f"{k}: {v['false_alarm_rate']}" for k, v in res["dips"].items()))
         print("shallow drops (10-60 s), false alarms: "
               + "  ".join(f"{k}: {v['false_alarm_rate']}" for k, v in res["shallow"].items()))
-        if "lookalikes" in res:
-            lk = res["lookalikes"]
+        for pn, lk in res.get("lookalikes", {}).items():
+            print(f"-- power reading noise {pn} per tick --")
             print(f"look-alikes (load alone moves): {lk['firings']} firings in {lk['gpu_days']} GPU-days = "
                   f"{lk['per_gpu_day']}/GPU-day; with firings: "
                   + ("  ".join(f"{k}: {v['firings']}" for k, v in lk["kinds"].items() if v["firings"]) or "none"))

@@ -29,6 +29,7 @@ from streams.detect.drift_run import Run
 from streams.detect.load_curve import LoadCurve, LoadNorm
 
 Evidence = Mapping[str, float | int | str]
+JITTER_TICKS, JITTER_NEED = 64, 8  # tick-to-tick power changes held for the noise of the reading
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,7 @@ class EfficiencyDrift:
         self._pairs: dict[int, tuple[float, float]] = {}  # the same for the open run's ticks
         self._scale = 1.0  # the curve's norm at the latest judged tick (1 without load): back to FLOPS/W
         self._powers: deque[tuple[int, float]] = deque()  # (tick, power) over the last load_move_ns
+        self._jitter = Baseline(JITTER_TICKS, JITTER_NEED)  # |log| of tick-to-tick power changes: the reading's noise
         # Healthy (power, FLOPS/W) learnt before the curve could judge them: once it can, they seed the
         # baseline (as value / norm), so a cold start learns in one baseline span, not in a band's plus that.
         self._unjudged: deque[tuple[float, float]] = deque(maxlen=self._base.cap)
@@ -209,13 +211,23 @@ class EfficiencyDrift:
         self._unjudged.clear()
 
     def _moving(self, tick_ns: int, power: float) -> bool:
-        """Whether power moved more than ``load_move`` from its oldest reading within ``load_move_ns``."""
+        """Whether power moved from its oldest reading within ``load_move_ns`` by more than ``load_move``
+        and more than ``load_move_z`` standard deviations of its own tick-to-tick noise (a noisy reading
+        must not make every tick look like a transition)."""
         w = self._powers
+        if w:
+            self._jitter.accept(abs(math.log(power / w[-1][1])))
         while w and w[0][0] < tick_ns - self.params.load_move_ns:
             w.popleft()
         ref = w[0][1] if w else None
         w.append((tick_ns, power))
-        return ref is not None and abs(math.log(power / ref)) > math.log1p(self.params.load_move)
+        if ref is None:
+            return False
+        jitter = self._jitter.value
+        limit = math.log1p(self.params.load_move)
+        if jitter is not None:  # the median |difference| of two gaussian readings is 0.6745 of its sd
+            limit = max(limit, self.params.load_move_z * jitter / 0.6745)
+        return abs(math.log(power / ref)) > limit
 
     def _drop_run(self) -> None:
         """An unconfirmed run ends at a load transition: its ticks were judged at a load that was moving."""
@@ -239,6 +251,7 @@ class EfficiencyDrift:
         self._curve.reset()
         self._pairs.clear()
         self._powers.clear()
+        self._jitter.reset(())
         self._unjudged.clear()
         self._loaded, self._scale = False, 1.0
 
@@ -257,7 +270,7 @@ class EfficiencyDrift:
             "alert": None if a is None else a.snapshot(), "detector": self._det.snapshot(), "ignored": self.ignored,
             "curve": self._curve.snapshot(), "loaded": self._loaded, "scale": self._scale,
             "pairs": [[t, p, v] for t, (p, v) in self._pairs.items()], "powers": [list(x) for x in self._powers],
-            "unjudged": [list(x) for x in self._unjudged],
+            "unjudged": [list(x) for x in self._unjudged], "jitter": self._jitter.values(),
         }
 
     @classmethod
@@ -277,4 +290,5 @@ class EfficiencyDrift:
         d._pairs = {int(t): (float(p), float(v)) for t, p, v in snap.get("pairs", [])}
         d._powers.extend((int(t), float(p)) for t, p in snap.get("powers", []))
         d._unjudged.extend((float(p), float(v)) for p, v in snap.get("unjudged", []))
+        d._jitter.reset(float(x) for x in snap.get("jitter", []))
         return d

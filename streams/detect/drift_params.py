@@ -50,6 +50,7 @@ class DriftParams:
     # transition: the power lags the work by a fraction of a second, so its FLOPS/W matches no steady load.
     load_move: float = 0.06
     load_move_ns: int = 1_000_000_000
+    load_move_z: float = 4.0  # ... and more than this many sds of the reading's own tick-to-tick noise
 
     def __post_init__(self) -> None:
         if not 0 < self.drop < 1:
@@ -72,8 +73,8 @@ class DriftParams:
             raise ValueError(f"detector must be 'page_hinkley' or 'adwin', got {self.detector!r}")
         if not 0 < self.load_band < 1 or self.load_need_ns <= 0 or self.load_cap < 3:
             raise ValueError("need 0 < load_band < 1, load_need_ns > 0 and load_cap >= 3")
-        if not self.load_move > 0 or self.load_move_ns <= 0:
-            raise ValueError("need load_move > 0 and load_move_ns > 0")
+        if not self.load_move > 0 or self.load_move_ns <= 0 or not self.load_move_z > 0:
+            raise ValueError("need load_move > 0, load_move_ns > 0 and load_move_z > 0")
         # The detectors validate their own parameters; build one now so a bad one fails here.
         detector_for(self)
 

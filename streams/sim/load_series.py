@@ -57,8 +57,10 @@ class Load:
 
 def load_ticks(grid_ns: int, seconds: float, load: Load, noise: float, seed: int, drop: float = 0.0,
                drop_onset_s: float = 0.0, drop_length_s: float = 0.0, idle_w: float = 110.0,
-               span_w: float = 590.0, capped: bool = False) -> tuple[list[int], list[float], list[float]]:
-    """(tick starts, FLOPS/W, mean power W) per tick; ``noise`` is the per-tick relative noise of FLOPS/W."""
+               span_w: float = 590.0, capped: bool = False,
+               power_noise: float = 0.003) -> tuple[list[int], list[float], list[float]]:
+    """(tick starts, FLOPS/W, mean power W) per tick; ``noise`` is the per-tick relative noise of FLOPS/W,
+    ``power_noise`` that of the power reading (NVML's is good to a few watts: 0.3%)."""
     rng = np.random.default_rng(seed)
     n_steps = int(seconds * S) // STEP_NS
     t_s = np.arange(n_steps, dtype=np.float64) * (STEP_NS / S)
@@ -72,8 +74,8 @@ def load_ticks(grid_ns: int, seconds: float, load: Load, noise: float, seed: int
     n = n_steps // per
     w = work[: n * per].reshape(n, per).mean(axis=1)
     p = power[: n * per].reshape(n, per).mean(axis=1)
-    fpw = w / p * (1.0 + rng.normal(0.0, noise, n))
     tick_s = np.arange(n) * (grid_ns / S)
     hunting = capped & (tick_s >= drop_onset_s) & (tick_s < drop_onset_s + drop_length_s)
-    p_obs = p * (1.0 + rng.normal(0.0, 1.0, n) * np.where(hunting, 0.01, 0.003))  # NVML: good to a few watts
+    p_obs = p * (1.0 + rng.normal(0.0, 1.0, n) * np.where(hunting, max(0.01, power_noise), power_noise))
+    fpw = w / p_obs * (1.0 + rng.normal(0.0, noise, n))  # as the worker: the work over the measured power
     return (np.arange(n, dtype=np.int64) * grid_ns).tolist(), fpw.tolist(), p_obs.tolist()

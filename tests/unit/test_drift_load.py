@@ -103,3 +103,19 @@ def test_a_cold_start_judges_as_soon_as_the_unconditioned_rule_would(grid_ns: in
     assert [e.state for e in loaded][:1] == [e.state for e in plain][:1] == ["firing"]
     assert loaded[0].onset_ns == plain[0].onset_ns
     assert loaded[0].tick_ns <= plain[0].tick_ns + grid_ns
+
+
+@pytest.mark.parametrize("grid_ns", GRIDS)
+@pytest.mark.parametrize("power_noise", [0.01, 0.03, 0.05])
+def test_a_noisy_power_reading_neither_hides_a_drift_nor_makes_a_load_change_one(grid_ns: int,
+                                                                                 power_noise: float) -> None:
+    """A reading that wobbles 3-5% per tick is not a load transition on every tick (the rule learns the
+    reading's own noise), and a square load under it still never alerts."""
+    for seed in range(4):
+        t, v, p = load_ticks(grid_ns, 200, Load("steady", 0.7), 0.01, seed, drop=0.2, drop_onset_s=150.3,
+                             drop_length_s=20.0, power_noise=power_noise)
+        ev = play(grid_ns, t, v, p)
+        assert [e.state for e in ev][:1] == ["firing"] and abs(ev[0].onset_ns - 150 * S) <= S, (seed, ev)
+        ld = LOOKALIKES["square 25 s to 0.17"]
+        t, v, p = load_ticks(grid_ns, ld.onset_s + ld.length_s + 60, ld, 0.01, seed, power_noise=power_noise)
+        assert play(grid_ns, t, v, p) == [], seed
