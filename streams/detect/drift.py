@@ -29,7 +29,6 @@ from streams.detect.drift_run import Run
 from streams.detect.load_curve import LoadCurve, LoadNorm
 
 Evidence = Mapping[str, float | int | str]
-JITTER_TICKS, JITTER_NEED = 64, 8  # tick-to-tick power changes held for the noise of the reading
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +61,7 @@ class EfficiencyDrift:
         self._pair: tuple[float, float] | None = None  # (power, FLOPS/W) of the current tick, when loaded
         self._pairs: dict[int, tuple[float, float]] = {}  # the same for the open run's ticks
         self._scale = 1.0  # the curve's norm at the latest judged tick (1 without load): back to FLOPS/W
-        self._powers: deque[tuple[int, float]] = deque()  # (tick, power) over the last load_move_ns
-        self._jitter = Baseline(JITTER_TICKS, JITTER_NEED)  # |log| of tick-to-tick power changes: the reading's noise
+        self._powers: deque[tuple[int, float]] = deque()  # (tick, log power) over the last load_move_ns
         # Healthy (power, FLOPS/W) learnt before the curve could judge them: once it can, they seed the
         # baseline (as value / norm), so a cold start learns in one baseline span, not in a band's plus that.
         self._unjudged: deque[tuple[float, float]] = deque(maxlen=self._base.cap)
@@ -97,10 +95,12 @@ class EfficiencyDrift:
         self._pair = None
         if load is not None and load > 0 and math.isfinite(load):
             self._loaded = True
-            if self._moving(tick_ns, load):  # a load transition: neither judged nor learnt
+            steady = self._steady_power(tick_ns, load)
+            if steady is None:  # a load transition: neither judged nor learnt
                 if self._alert is None:
                     self._drop_run()
                 return out
+            load = steady
             norm = self._curve.expected(load)
             if norm is None or norm <= 0:  # a load this GPU has not shown yet: learn it, judge nothing
                 if self._alert is None and not self._run and not suspect:
@@ -210,24 +210,29 @@ class EfficiencyDrift:
                 self._base.accept(value / norm)
         self._unjudged.clear()
 
-    def _moving(self, tick_ns: int, power: float) -> bool:
-        """Whether power moved from its oldest reading within ``load_move_ns`` by more than ``load_move``
-        and more than ``load_move_z`` standard deviations of its own tick-to-tick noise (a noisy reading
-        must not make every tick look like a transition)."""
+    def _steady_power(self, tick_ns: int, power: float) -> float | None:
+        """The tick's power as the least-squares line through log power over the last ``load_move_ns`` (at
+        least 3 ticks) puts it, or None while the load moves fast enough for the power's lag to matter
+        (the line's slope times ``load_lag_ns`` exceeds ``load_move``).
+
+        A line over several ticks rather than the change from the last one: a noisy reading then
+        seldom looks like a transition, a load that moves all the time still does, and the curve is
+        learnt and read at a power with a fraction of the reading's noise (noise in the power would
+        otherwise shape the curve: a tick that reads low shows a high FLOPS/W)."""
         w = self._powers
-        if w:
-            self._jitter.accept(abs(math.log(power / w[-1][1])))
-        while w and w[0][0] < tick_ns - self.params.load_move_ns:
+        w.append((tick_ns, math.log(power)))
+        while len(w) > 3 and w[0][0] < tick_ns - self.params.load_move_ns:
             w.popleft()
-        ref = w[0][1] if w else None
-        w.append((tick_ns, power))
-        if ref is None:
-            return False
-        jitter = self._jitter.value
-        limit = math.log1p(self.params.load_move)
-        if jitter is not None:  # the median |difference| of two gaussian readings is 0.6745 of its sd
-            limit = max(limit, self.params.load_move_z * jitter / 0.6745)
-        return abs(math.log(power / ref)) > limit
+        n = len(w)
+        if n < 3:
+            return power
+        mt = sum(t for t, _ in w) / n
+        my = sum(y for _, y in w) / n
+        sxx = sum((t - mt) ** 2 for t, _ in w)
+        slope = sum((t - mt) * (y - my) for t, y in w) / sxx  # per ns
+        if abs(slope) * self.params.load_lag_ns > self.params.load_move:
+            return None
+        return math.exp(my + slope * (tick_ns - mt))
 
     def _drop_run(self) -> None:
         """An unconfirmed run ends at a load transition: its ticks were judged at a load that was moving."""
@@ -251,7 +256,6 @@ class EfficiencyDrift:
         self._curve.reset()
         self._pairs.clear()
         self._powers.clear()
-        self._jitter.reset(())
         self._unjudged.clear()
         self._loaded, self._scale = False, 1.0
 
@@ -270,7 +274,7 @@ class EfficiencyDrift:
             "alert": None if a is None else a.snapshot(), "detector": self._det.snapshot(), "ignored": self.ignored,
             "curve": self._curve.snapshot(), "loaded": self._loaded, "scale": self._scale,
             "pairs": [[t, p, v] for t, (p, v) in self._pairs.items()], "powers": [list(x) for x in self._powers],
-            "unjudged": [list(x) for x in self._unjudged], "jitter": self._jitter.values(),
+            "unjudged": [list(x) for x in self._unjudged],
         }
 
     @classmethod
@@ -290,5 +294,4 @@ class EfficiencyDrift:
         d._pairs = {int(t): (float(p), float(v)) for t, p, v in snap.get("pairs", [])}
         d._powers.extend((int(t), float(p)) for t, p in snap.get("powers", []))
         d._unjudged.extend((float(p), float(v)) for p, v in snap.get("unjudged", []))
-        d._jitter.reset(float(x) for x in snap.get("jitter", []))
         return d

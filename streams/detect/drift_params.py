@@ -46,11 +46,12 @@ class DriftParams:
     load_band: float = 0.03
     load_need_ns: int = 5_000_000_000
     load_cap: int = 64
-    # A tick whose power moved more than load_move (relative) from the power load_move_ns earlier is a load
-    # transition: the power lags the work by a fraction of a second, so its FLOPS/W matches no steady load.
-    load_move: float = 0.06
-    load_move_ns: int = 1_000_000_000
-    load_move_z: float = 4.0  # ... and more than this many sds of the reading's own tick-to-tick noise
+    # A tick is a load transition, neither judged nor learnt, when the trend of its power over the last
+    # load_move_ns would move it by more than load_move (relative) within load_lag_ns, the time the power
+    # lags the work by: its FLOPS/W then matches no steady load.
+    load_move: float = 0.03
+    load_move_ns: int = 2_000_000_000
+    load_lag_ns: int = 500_000_000
 
     def __post_init__(self) -> None:
         if not 0 < self.drop < 1:
@@ -73,8 +74,8 @@ class DriftParams:
             raise ValueError(f"detector must be 'page_hinkley' or 'adwin', got {self.detector!r}")
         if not 0 < self.load_band < 1 or self.load_need_ns <= 0 or self.load_cap < 3:
             raise ValueError("need 0 < load_band < 1, load_need_ns > 0 and load_cap >= 3")
-        if not self.load_move > 0 or self.load_move_ns <= 0 or not self.load_move_z > 0:
-            raise ValueError("need load_move > 0, load_move_ns > 0 and load_move_z > 0")
+        if not self.load_move > 0 or self.load_move_ns <= 0 or self.load_lag_ns <= 0:
+            raise ValueError("need load_move > 0, load_move_ns > 0 and load_lag_ns > 0")
         # The detectors validate their own parameters; build one now so a bad one fails here.
         detector_for(self)
 

@@ -68,7 +68,7 @@ def test_a_drift_at_a_steady_load_alerts_about_3s_after_it_starts(grid_ns: int, 
     assert f.tick_ns + grid_ns - 120 * S <= 4.5 * S  # the seeds' 3 s, plus a tick and the baseline's noise
     # Evidence in FLOPS/W, as without the load: the value sits about depth below the baseline at this load.
     assert f.value / f.baseline == pytest.approx(1 - depth, abs=0.05)
-    assert f.evidence["load_w"] == pytest.approx(p[int(f.tick_ns // grid_ns)])
+    assert f.evidence["load_w"] == pytest.approx(p[int(f.tick_ns // grid_ns)], rel=0.01)  # the smoothed power
     assert float(f.evidence["norm"]) > 0
 
 
