@@ -263,7 +263,9 @@ class EfficiencyDrift:
         """How many values each buffer holds (for checking that memory stays bounded)."""
         base, sorted_ = self._base.lengths()
         return {"baseline": base, "sorted": sorted_, "run": len(self._run),
-                "level": 0 if self._alert is None else len(self._alert.level)}
+                "level": 0 if self._alert is None else len(self._alert.level), "powers": len(self._powers),
+                "pairs": len(self._pairs), "unjudged": len(self._unjudged),
+                "curve": sum(len(p) for _, p, _ in self._curve.snapshot())}
 
     def snapshot(self) -> dict[str, Any]:
         a = self._alert

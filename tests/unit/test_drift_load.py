@@ -119,3 +119,26 @@ def test_a_noisy_power_reading_neither_hides_a_drift_nor_makes_a_load_change_one
         ld = LOOKALIKES["square 25 s to 0.17"]
         t, v, p = load_ticks(grid_ns, ld.onset_s + ld.length_s + 60, ld, 0.01, seed, power_noise=power_noise)
         assert play(grid_ns, t, v, p) == [], seed
+
+
+@pytest.mark.parametrize("grid_ns", GRIDS)
+def test_memory_stays_bounded_under_a_load_that_never_settles(grid_ns: int) -> None:
+    """Loads wandering over every band, drifts now and then: each buffer stays within its bound."""
+    p = DriftParams()
+    d = EfficiencyDrift(p, grid_ns)
+    peak: dict[str, int] = {}
+    for k, (profile, level) in enumerate([("sine", 0.1), ("square", 0.3), ("diurnal", 0.05), ("steady", 1.0)] * 3):
+        ld = Load(profile, 0.95, level, 37.0, 0.0, 2_000.0)
+        t, v, pw = load_ticks(grid_ns, 2_000.0 if grid_ns == S else 200.0, ld, 0.02, k,
+                              drop=0.3, drop_onset_s=100.0, drop_length_s=40.0, power_noise=0.02)
+        base = k * 3_000 * S
+        for ti, vi, pi in zip(t, v, pw, strict=True):
+            d.update(base + ti, vi, "job", load=pi)
+            for name, n in d.buffer_lengths().items():
+                peak[name] = max(peak.get(name, 0), n)
+    assert peak["curve"] > 0 and peak["pairs"] > 0 and peak["powers"] >= 3  # the load model was at work
+    assert peak["powers"] <= p.load_move_ns // grid_ns + 2
+    assert peak["curve"] <= 12 * p.load_cap
+    assert peak["pairs"] <= (p.run_limit_ns + p.max_gap_ns) // grid_ns + 1
+    assert peak["unjudged"] <= p.baseline_ns // grid_ns
+    assert len(json.dumps(d.snapshot())) < 100_000
