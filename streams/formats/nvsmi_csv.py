@@ -197,9 +197,12 @@ class NvsmiCsvReader:
             return
         h = self._header
         assert h is not None
-        stamps = [ts for _, cells in self._ahead if len(cells) == len(h.cells)
-                  and (ts := self._ts_ns(cells[h.ts])) is not None]
-        cycle = infer_cycle(stamps) or Cycle(1, 1, 1)
+        # Every line keeps its place (a malformed one was some GPU's row too): None where it cannot say.
+        full = [len(cells) == len(h.cells) for _, cells in self._ahead]
+        stamps = [self._ts_ns(cells[h.ts]) if ok else None for ok, (_, cells) in zip(full, self._ahead, strict=True)]
+        readings = [tuple(_reading(cells[c.index], c) if ok else None for c in h.sensors)
+                    for ok, (_, cells) in zip(full, self._ahead, strict=True)]
+        cycle = infer_cycle(stamps, readings if h.sensors else None) or Cycle(1, 1, None, "one row")
         yield self._cycle_note(cycle)
         self._cycle = self.gpus or cycle.gpus
         ahead, self._ahead = self._ahead, []
@@ -209,19 +212,15 @@ class NvsmiCsvReader:
     def _cycle_note(self, cycle: Cycle) -> Problem:
         what = "no index or uuid column: GPUs told apart by their position in each loop iteration, "
         if self.gpus is not None:
-            found = "" if cycle.gpus == self.gpus or cycle.ambiguous else f" (the rhythm suggests {cycle.gpus})"
+            found = "" if cycle.gpus == self.gpus or cycle.ambiguous else f" (the file suggests {cycle.gpus})"
             return Problem(self.source, self._header_line, what + f"{self.gpus} as stated{found}")
         if cycle.ambiguous:
             raise CsvFormatError(
-                f"{self.source}:{self._header_line}: no index or uuid column, and the rows' rhythm does not "
-                f"tell how many GPUs write each loop iteration (only {cycle.typical} of {cycle.runs} runs of rows "
-                f"between the loop's gaps agree on {cycle.gpus}): state it with --gpus N, or record with "
-                "--query-gpu=timestamp,index,...")
-        others = cycle.runs - cycle.typical
-        split = f"; {others} are parts of iterations split across a gap" if others else ""
+                f"{self.source}:{self._header_line}: no index or uuid column, and the file does not tell how "
+                f"many GPUs write each loop iteration ({cycle.evidence}): state it with --gpus N, or record "
+                "with --query-gpu=timestamp,index,...")
         return Problem(self.source, self._header_line,
-                       what + f"{cycle.gpus} from the rhythm ({cycle.typical} of {cycle.runs} runs of rows between "
-                       f"the loop's gaps have {cycle.gpus}{split}; --gpus N states it)")
+                       what + f"{cycle.gpus}: {cycle.evidence} (--gpus N states it)")
 
     def _looks_like_header(self, cells: list[str]) -> bool:
         assert self._header is not None
@@ -304,6 +303,11 @@ class NvsmiCsvReader:
         if frac and not (frac.isdigit() and len(frac) <= 9):
             return None
         return secs * _NS + (int(frac.ljust(9, "0")) if frac else 0)
+
+
+def _reading(cell: str, col: _Column) -> float | None:
+    v = _value(cell, col)
+    return None if isinstance(v, str) else v
 
 
 def _value(cell: str, col: _Column) -> float | str:

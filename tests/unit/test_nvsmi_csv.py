@@ -61,8 +61,8 @@ def test_nounits_with_index_and_crlf() -> None:
 def test_without_index_or_uuid_the_gpus_of_a_tick_are_numbered_by_position() -> None:
     rows, problems, _ = read("l4_no_index.csv")
     assert [p.what for p in problems] == ["no index or uuid column: GPUs told apart by their position in each loop "
-                                          "iteration, 3 from the rhythm (2 of 2 runs of rows between the loop's "
-                                          "gaps have 3; --gpus N states it)"]
+                                          "iteration, 3: the rhythm says 3 (2 iterations, loop gaps 101.0x the "
+                                          "rows'), the values show no period (--gpus N states it)"]
     assert [(r.gpu, r.ts_ns - rows[0].ts_ns) for r in rows] == [
         (str(g), t * 100_000_000) for t in range(3) for g in range(3)]
 
