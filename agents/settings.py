@@ -121,6 +121,10 @@ class Settings:
     (``streams.align.holds``); FLOPWATCH_SOURCE_IDLE_S."""
     max_age_s: float = 7 * 86400.0
     """UTC samples older than this are rejected ``too_old``; FLOPWATCH_MAX_AGE_S."""
+    frames_retention_days: int = 400
+    """How long ClickHouse keeps ``gpu_frames`` rows (the table's TTL, changed on an existing table at
+    start); frames older than this are dropped by the server, and the worker says so with counts;
+    FLOPWATCH_FRAMES_RETENTION_DAYS."""
     max_future_s: float = 300.0
     """UTC samples further ahead than this are rejected ``too_new``; FLOPWATCH_MAX_FUTURE_S."""
     clock_wait_s: float = 10.0
@@ -296,7 +300,7 @@ _RETIRED = {
 }
 
 _POSITIVE = ("partitions", "replication", "flush_interval_ms", "flush_rows", "max_poll_records", "grid_ms",
-             "source_idle_s", "max_age_s", "max_future_s", "clickhouse_port", "clock_wait_s")
+             "source_idle_s", "max_age_s", "max_future_s", "clickhouse_port", "clock_wait_s", "frames_retention_days")
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

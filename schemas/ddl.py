@@ -150,7 +150,33 @@ def node_progress(db: str, layout: Layout = "current") -> str:
             f" written_at {ts}\n)\nENGINE = ReplacingMergeTree\nORDER BY (node, closed_tick_ms)")
 
 
-def all_tables(db: str, layout: Layout = "current") -> list[str]:
-    return [f"CREATE DATABASE IF NOT EXISTS {check_identifier(db)}", gpu_frames(db, layout), k8s_events(db, layout),
+def frames_ttl(db: str, days: int) -> str:
+    """What changes an existing ``gpu_frames`` table's retention to ``days``.
+
+    >>> frames_ttl("fw", 30)
+    'ALTER TABLE fw.gpu_frames MODIFY TTL toDateTime(ts) + INTERVAL 30 DAY'
+    """
+    check_identifier(db)
+    if int(days) < 1:
+        raise ValueError(f"the frames' retention must be at least 1 day, got {days}")
+    return f"ALTER TABLE {db}.gpu_frames MODIFY TTL toDateTime(ts) + INTERVAL {int(days)} DAY"
+
+
+def ttl_days_of(create_table_query: str) -> int | None:
+    """The retention in days a ``SHOW CREATE TABLE`` of ``gpu_frames`` states, or None without a TTL.
+
+    >>> ttl_days_of("... TTL toDateTime(ts) + toIntervalDay(400) SETTINGS ...")
+    400
+    >>> ttl_days_of("... TTL toDateTime(ts) + INTERVAL 30 DAY") , ttl_days_of("ENGINE = MergeTree")
+    (30, None)
+    """
+    m = re.search(r"TTL\s+toDateTime\(ts\)\s*\+\s*(?:toIntervalDay\((\d+)\)|INTERVAL\s+(\d+)\s+DAY)",
+                  create_table_query)
+    return None if m is None else int(m.group(1) or m.group(2))
+
+
+def all_tables(db: str, layout: Layout = "current", retention_days: int = 400) -> list[str]:
+    return [f"CREATE DATABASE IF NOT EXISTS {check_identifier(db)}", gpu_frames(db, layout, retention_days),
+            k8s_events(db, layout),
             ingest_progress(db, layout), node_progress(db, layout), detections(db, layout),
             scale_decisions(db, layout)]

@@ -122,6 +122,9 @@ class ReplayResult:
     files: list[FileSummary]
     messages: int
     seconds: float
+    timed: int = 0  # rows and records with a UTC time
+    too_old: int = 0  # of them, older than the worker's max_age_s: it rejects them (too_old)
+    past_retention: int = 0  # of them, older than gpu_frames' retention: ClickHouse drops their frames
 
     @property
     def ok(self) -> bool:
@@ -132,14 +135,28 @@ class ReplayResult:
                 "rows": sum(f.rows for f in self.files), "samples": sum(f.samples for f in self.files),
                 "malformed_lines": sum(f.malformed_lines for f in self.files),
                 "skipped_cells": dict(sum((f.skipped_cells for f in self.files), Counter())),
-                "seconds": round(self.seconds, 3)}
+                "too_old": self.too_old, "past_retention": self.past_retention, "seconds": round(self.seconds, 3)}
+
+    def age_warnings(self, settings: Settings) -> list[str]:
+        """What a user must hear about the age of what was published: none of it would otherwise show."""
+        out = []
+        if self.too_old:
+            out.append(f"{self.too_old} of {self.timed} rows are older than FLOPWATCH_MAX_AGE_S "
+                       f"({settings.max_age_s / 86400:g} days): the worker rejects them as too_old (to the "
+                       "dead-letter topic); raise it to keep them")
+        if self.past_retention:
+            out.append(f"{self.past_retention} of {self.timed} rows are older than the frames' retention "
+                       f"(FLOPWATCH_FRAMES_RETENTION_DAYS={settings.frames_retention_days}): ClickHouse drops "
+                       "their frames at its next merge; raise it to keep them")
+        return out
 
 
 def replay(settings: Settings, paths: list[Path], fmt: Format = "auto", speed: Speed = "max",
            node: str | None = None, tz: tzinfo | None = None, batch_size: int = 100,
            on_problem: Callable[[Problem], None] | None = None, on_bytes: Callable[[int], None] | None = None,
            sleep: Callable[[float], None] = time.sleep, monotonic: Callable[[], float] = time.monotonic,
-           producer: Sender | None = None, gpus: int | None = None) -> ReplayResult:
+           producer: Sender | None = None, gpus: int | None = None,
+           wall_ns: Callable[[], int] = time.time_ns) -> ReplayResult:
     """Publish ``paths`` and return what was read and sent; raises ``DeliveryError`` if Kafka refused messages.
     ``gpus``: GPUs per loop iteration of nvidia-smi CSVs without an index or uuid column (else read from the
     rows' rhythm)."""
@@ -167,6 +184,10 @@ def replay(settings: Settings, paths: list[Path], fmt: Format = "auto", speed: S
                                                                                                   summary)
         streams.append(numbered(items, i))
     t0 = monotonic()
+    now = wall_ns()
+    old_ns = now - int(settings.max_age_s * 1e9)
+    expired_ns = now - settings.frames_retention_days * 86_400 * 1_000_000_000
+    timed = too_old = past_retention = 0
     start_ts: int | None = None
     shown: Counter[str] = Counter()
     try:
@@ -182,6 +203,10 @@ def replay(settings: Settings, paths: list[Path], fmt: Format = "auto", speed: S
                 if wait > 0:
                     batcher.flush()  # what was due goes out before the pause
                     sleep(wait)
+            if ts:
+                timed += 1
+                too_old += ts < old_ns
+                past_retention += ts < expired_ns
             if isinstance(item, GpuRow):
                 batcher.add(summaries[i].node, item)
             else:
@@ -196,7 +221,7 @@ def replay(settings: Settings, paths: list[Path], fmt: Format = "auto", speed: S
         hidden = shown[s.path] - _SHOWN_PROBLEMS
         if hidden > 0 and on_problem is not None:
             on_problem(Problem(s.path, s.lines, f"{hidden} more problems not shown (counted in the summary)"))
-    return ReplayResult(summaries, batcher.messages, monotonic() - t0)
+    return ReplayResult(summaries, batcher.messages, monotonic() - t0, timed, too_old, past_retention)
 
 
 def _zone(ctx: click.Context, param: click.Parameter, value: str) -> tzinfo:
@@ -259,6 +284,8 @@ def replay_command(ctx: click.Context, files: tuple[Path, ...], fmt: Format, spe
         if f.unknown_columns:
             console.print(f"{f.path}: columns with no catalog sensor, ignored: {', '.join(f.unknown_columns)}",
                           markup=False)
+    for warning in result.age_warnings(settings):
+        console.print(f"replay: WARNING: {warning}", markup=False, highlight=False, style="bold red")
     d = result.as_dict()
     console.print(f"replay: {d['rows']} rows, {d['samples']} samples, {d['messages']} messages in "
                   f"{d['seconds']} s; {d['malformed_lines']} malformed lines skipped; skipped cells: "

@@ -64,6 +64,7 @@ class IngestStats(Counters):
     commits_refused: int = 0  # commits Kafka turned down because the group had rebalanced
     commits_failed: int = 0  # commits that timed out (Kafka unreachable); a later flush commits again
     internal_errors: int = 0  # records that tripped a bug of ours (dead-lettered as internal_error)
+    frames_past_retention: int = 0  # frames written older than the table's retention: the server drops them
     rejects: Counter[str] = field(default_factory=Counter)
     lag: int | None = None  # records behind the end of the assigned partitions; None: not known yet
     flushes: int = 0
@@ -95,6 +96,7 @@ class IngestCore:
         self.store = store
         self._dlq = dlq
         self._clock = clock
+        self._retention_said_ns: int | None = None
         self._route: dict[str, tuple[int, int]] = {t: (_SENSOR, i) for i, t in enumerate(self.topics.sensors)}
         self.sensor_topics = frozenset(self._route)
         self._sensor_index = {t: i for i, t in enumerate(self.topics.sensors)}
@@ -252,9 +254,27 @@ class IngestCore:
                 if "enrich" not in self._errors_logged:
                     self._errors_logged.add("enrich")
                     log.error("deriving frame columns failed; frames are stored without them", exc_info=exc)
+        self._past_retention(batch)
         self.store.add_frames(batch)
         if self.on_frames is not None and len(batch):
             self.on_frames(batch)
+
+    def _past_retention(self, batch: FrameBatch) -> None:
+        """Count (and say, at most once a minute) frames older than ``gpu_frames``' retention: ClickHouse
+        drops them at its next merge, so a replay of an old recording would otherwise leave nothing, silently."""
+        if not len(batch):
+            return
+        now = self._clock.wall_ns()
+        limit = now - self.settings.frames_retention_days * 86_400 * 1_000_000_000
+        old = int((batch.tick_ns < limit).sum())
+        if not old:
+            return
+        self.stats.frames_past_retention += old
+        if self._retention_said_ns is None or now - self._retention_said_ns >= 60_000_000_000:
+            self._retention_said_ns = now
+            log.warning("%d frames written so far are older than gpu_frames' retention (%d days, "
+                        "FLOPWATCH_FRAMES_RETENTION_DAYS): ClickHouse drops them at its next merge",
+                        self.stats.frames_past_retention, self.settings.frames_retention_days)
 
     def _place_held(self) -> dict[int, int]:
         hold = self._clocks.place_held(self._aligners, self._waiting)

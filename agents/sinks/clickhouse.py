@@ -199,9 +199,17 @@ def database_exists(backend: Backend) -> bool:
     return bool(rows and int(rows[0][0]))
 
 
-def ensure_schema(backend: Backend) -> None:
-    for stmt in ddl.all_tables(backend.database, backend.layout):
+def ensure_schema(backend: Backend, retention_days: int = 400) -> None:
+    for stmt in ddl.all_tables(backend.database, backend.layout, retention_days):
         backend.execute(stmt)
+    if backend.layout == "current":  # the legacy layout has no TTL
+        _, rows = backend.rows(f"SELECT create_table_query FROM system.tables WHERE database = '{backend.database}' "
+                               "AND name = 'gpu_frames'")
+        had = ddl.ttl_days_of(str(rows[0][0])) if rows else None
+        if had != retention_days:
+            log.warning("gpu_frames keeps frames for %d days from now on (it kept them for %s)", retention_days,
+                        "ever" if had is None else f"{had} days")
+            backend.execute(ddl.frames_ttl(backend.database, retention_days))
     # A table made by an older flopwatch lacks the newer columns: add them (CREATE ... IF NOT
     # EXISTS leaves an existing table as it is).
     # The name passed check_identifier, so it is safe as a literal (the two clients differ in parameter syntax).

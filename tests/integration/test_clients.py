@@ -8,7 +8,7 @@ import pytest
 
 from agents.kafka.producer import DeliveryError, SampleProducer
 from agents.settings import Settings
-from agents.sinks.clickhouse import ClickHouseError, NativeBackend, ensure_schema
+from agents.sinks.clickhouse import Backend, ClickHouseError, NativeBackend, ensure_schema, open_backend
 
 pytestmark = pytest.mark.integration
 
@@ -47,3 +47,24 @@ def test_native_backend_password_auth_and_columnar_insert(native_settings: Setti
                           attempts=1)
     with pytest.raises(ClickHouseError, match=r"refused|password|Authentication"):
         wrong.rows("SELECT 1")
+
+
+def test_the_frames_retention_is_the_setting_and_follows_a_change(base_settings: Settings) -> None:
+    """gpu_frames' TTL is FLOPWATCH_FRAMES_RETENTION_DAYS; starting with another value changes the table."""
+    from schemas.ddl import ttl_days_of
+
+    def ttl(backend: Backend) -> int | None:
+        _, rows = backend.rows("SELECT create_table_query FROM system.tables WHERE database = "
+                               f"'{base_settings.clickhouse_database}' AND name = 'gpu_frames'")
+        return ttl_days_of(str(rows[0][0]))
+
+    backend = open_backend(base_settings)
+    try:
+        ensure_schema(backend, 30)
+        assert ttl(backend) == 30
+        ensure_schema(backend, 45)  # a restart with another retention
+        assert ttl(backend) == 45
+        ensure_schema(backend, 45)  # and again: nothing to change
+        assert ttl(backend) == 45
+    finally:
+        backend.close()

@@ -179,3 +179,21 @@ def test_pod_records_of_the_kubernetes_collector_label_the_frames() -> None:
     assert frames and all((f.labels.get("workload"), f.labels.get("class"), f.labels.get("pod")) ==
                           ("chat", "inference", "chat-0") for f in frames)
     assert not letters.sent
+
+
+def test_frames_older_than_the_retention_are_counted_and_said(caplog: pytest.LogCaptureFixture) -> None:
+    """ClickHouse drops them at its next merge: without this a replayed old recording left nothing, silently."""
+    settings = load_settings({}, topic_prefix="u.", partitions=1, lateness_ms=1000, source_idle_s=1.0,
+                             max_age_s=400 * 86_400.0, frames_retention_days=30)
+    store = FrameStore(cast(Backend, None))
+    clock = ManualClock(wall_ns=T0 + 31 * 86_400 * S, mono_ns=0)  # a month and a day after the samples
+    core = IngestCore(settings, store, Letters(), clock)
+    core.assign([TopicPartition(t, 0) for t in TOPICS.inputs], Progress(Recovered()))
+    core.handle({TopicPartition(POWER, 0): [rec(POWER, i, i * 0.5, 300.0) for i in range(6)]})
+    with caplog.at_level("WARNING", logger="agents.ingest.worker"):
+        core.advance(quiet_all(0))
+        clock.advance(5 * S)
+        core.advance(quiet_all(5 * S))
+    assert store.pending_rows == 3 and core.stats.frames_past_retention == 3 and core.stats.as_dict()["frames_past_retention"] == 3
+    [said] = [r.getMessage() for r in caplog.records if "retention" in r.getMessage()]
+    assert said.startswith("3 frames written so far are older than gpu_frames' retention (30 days")

@@ -293,3 +293,26 @@ def test_the_replay_sends_one_label_set_per_batch_in_series_order() -> None:
     batches = [decode_samples(v, "power") for _, v in out.messages]
     got = [[(s.ts_ns, dict(s.labels or {})) for s in b.samples()] for b in batches if isinstance(b, SampleBatch)]
     assert got == [[(0, a), (1, a)], [(2, b), (3, b), (4, b)], [(5, b)], [(6, a)]] and rows.messages == 4
+
+
+def test_replay_counts_what_the_worker_would_refuse_or_clickhouse_expire_and_says_so() -> None:
+    """A recording older than the retention used to replay without an error and leave nothing."""
+    from datetime import datetime
+
+    from agents.collect.replay import replay
+    from agents.settings import Settings
+
+    recorded = int(datetime(2026, 12, 3, 14, 5, 6, tzinfo=UTC).timestamp() * 1e9)  # l4_no_index.csv, 9 rows
+    day = 86_400 * 10**9
+    s = Settings(max_age_s=7 * 86_400.0, frames_retention_days=30)
+    fresh = replay(s, [FIXTURES / "l4_no_index.csv"], producer=FakeProducer(), wall_ns=lambda: recorded + day)
+    assert (fresh.timed, fresh.too_old, fresh.past_retention) == (9, 0, 0) and fresh.age_warnings(s) == []
+    old = replay(s, [FIXTURES / "l4_no_index.csv"], producer=FakeProducer(), wall_ns=lambda: recorded + 40 * day)
+    assert (old.too_old, old.past_retention) == (9, 9)
+    assert old.as_dict()["too_old"] == old.as_dict()["past_retention"] == 9
+    too_old, expired = old.age_warnings(s)
+    assert too_old.startswith("9 of 9 rows are older than FLOPWATCH_MAX_AGE_S (7 days): the worker rejects them")
+    assert expired.startswith("9 of 9 rows are older than the frames' retention (FLOPWATCH_FRAMES_RETENTION_DAYS=30)")
+    edge = replay(s, [FIXTURES / "l4_no_index.csv"], producer=FakeProducer(),
+                  wall_ns=lambda: recorded + 100_000_000 + 7 * day)  # the first tick's 3 rows are past 7 days
+    assert (edge.too_old, edge.past_retention) == (3, 0)
