@@ -1,13 +1,16 @@
 """L1 spike engine: capture rate of 200 ms load spikes vs a 60 s average, and its throughput.
 
     python deploy/bench/spikes.py [--gpus 64] [--minutes 60] [--seed 1] [--background 40,85]
+                                  [--messages second|mixed]
 
 Synthetic gpu_util at 10 Hz per GPU (random phase, +-5 ms jitter). Each 60 s block has a
 background level uniform in ``--background`` (default [40, 85]%) with 2% gaussian noise, and one spike at a random
 instant in [2, 58) s: every sample within 200 ms from it is uniform in [96, 100]%
 (a 200 ms spike holds 2 samples, 1-3 with jitter). The engine is fed the way the
 pipeline feeds it: one call per GPU per second of samples, then ``tick_peak`` of that
-1 s tick.
+1 s tick; with ``--messages mixed`` (the default) 5% of the messages carry a 3-10 s backlog
+instead (a live producer after a hiccup), so the engine's small- and large-call paths
+interleave on one series, and each tick is read once its samples are in.
 
 Captured by:
 - the engine: ``spike_flags(tick_peak, 95)`` on a tick from the one holding the spike's
@@ -148,6 +151,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--background", default="40,85", help="range of the per-minute background level, %%")
     ap.add_argument("--pipeline", action="store_true", help="time the enricher's call pattern (see above)")
+    ap.add_argument("--messages", choices=("second", "mixed"), default="mixed",
+                    help="one message per GPU and second, or mixed with 3-10 s backlogs (both add paths)")
     ap.add_argument("--compare", nargs="*", default=[], help="with --pipeline: other spikes.py files to time")
     ap.add_argument("--repeat", type=int, default=3, help="with --pipeline: best of this many runs")
     a = ap.parse_args()
@@ -165,14 +170,32 @@ def main() -> None:
 
     eng = SpikeEngine(SpikeParams(), S)
     peaks = np.full((a.gpus, seconds), np.nan)
+    # Per GPU, the seconds each message ends at: one a second, or (mixed) now and then a backlog of 3-10 s
+    # in one message, as a live producer sends after a hiccup (the engine's two add paths interleave).
+    msg_rng = np.random.default_rng(a.seed + 1)
+    msg_ends = [[seconds] * seconds for _ in range(a.gpus)]
+    for g in range(a.gpus):
+        out, sec = [], 0
+        while sec < seconds:
+            sec = min(seconds, sec + (int(msg_rng.integers(3, 11)) if a.messages == "mixed"
+                                      and msg_rng.random() < 0.05 else 1))
+            out.append(sec)
+        msg_ends[g] = out
+    pos = [0] * a.gpus  # next message of each GPU
+    read = [0] * a.gpus  # next tick to read of each GPU
     t0 = time.perf_counter()
     for sec in range(seconds):
         for g, (ts, vs, _, _) in enumerate(loads):
-            lo, hi = cuts[g][sec], cuts[g][sec + 1]
-            eng.add("n", str(g), "gpu_util", ts[lo:hi], vs[lo:hi])
-            p = eng.tick_peak("n", str(g), "gpu_util", sec * S)
-            peaks[g, sec] = np.nan if p is None else p
-        eng.evict_before(sec * S)
+            while pos[g] < len(msg_ends[g]) and msg_ends[g][pos[g]] <= sec + 1:
+                lo = cuts[g][msg_ends[g][pos[g] - 1] if pos[g] else 0]
+                hi = cuts[g][msg_ends[g][pos[g]]]
+                eng.add("n", str(g), "gpu_util", ts[lo:hi], vs[lo:hi])
+                pos[g] += 1
+            while pos[g] and read[g] < msg_ends[g][pos[g] - 1]:  # the ticks whose samples are in, in order
+                p = eng.tick_peak("n", str(g), "gpu_util", read[g] * S)
+                peaks[g, read[g]] = np.nan if p is None else p
+                read[g] += 1
+        eng.evict_before(sec * S - 20 * S)
     engine_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     total = 0.0

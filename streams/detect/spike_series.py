@@ -59,10 +59,19 @@ class BucketSeries:
         self.m_b, self.m_v, self.m_chunks, self.m_pb, self.m_pv = _NO_B, _NO_V, [], [], []
         self.m_from, self.m_last = self.newest + 1, self.newest
 
-    def mirrored(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    def add_chunk(self, b: npt.NDArray[np.int64], v: npt.NDArray[np.float64]) -> None:
+        """Append in-order buckets (all past every bucket mirrored) to the mirror."""
+        self._pending_to_chunks()  # what small calls appended comes before this chunk
+        self.m_chunks.append((b, v))
+        self.m_last = int(b[-1])
+
+    def _pending_to_chunks(self) -> None:
         if self.m_pb:
             self.m_chunks.append((np.array(self.m_pb, np.int64), np.array(self.m_pv, np.float64)))
             self.m_pb, self.m_pv = [], []
+
+    def mirrored(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        self._pending_to_chunks()
         if self.m_chunks:
             drop = int(np.searchsorted(self.m_b, self.m_from))  # trim what purges released
             self.m_b = np.concatenate([self.m_b[drop:], *(c[0] for c in self.m_chunks)])

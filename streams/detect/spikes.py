@@ -180,8 +180,7 @@ class SpikeEngine:
         """Append new buckets (all past every bucket held), in order, to the mirror (or reset it);
         ``v_min`` is at most the lowest value."""
         if v_min > -_BIG and float(vs.max()) < _BIG:
-            s.m_chunks.append((b, vs))
-            s.m_last = int(b[-1])
+            s.add_chunk(b, vs)
             if len(s.m_chunks) > 32:  # a series nobody reads: keep the mirror bounded (trimmed as purged)
                 s.mirrored()
         else:
