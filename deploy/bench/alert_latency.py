@@ -18,24 +18,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
-from confluent_kafka import Consumer
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from live_worker import live_worker  # deploy/bench/
 
 from agents.collect.simulator import SimulatorPublisher
-from agents.kafka.admin import delete_topics, ensure_topics
-from agents.kafka.topics import Topics
-from agents.settings import load_settings, settings_env
 from schemas.alerts import decode_alert
 from streams.sim.scenario import parse_scenario
 from streams.sim.simulate import SimParams
@@ -58,18 +52,7 @@ def main() -> None:
     ap.add_argument("--every", type=float, default=12.0, help="seconds between drops (each GPU's drops stay "
                     "further apart than the baseline needs to settle: nodes x gpus x every >= 80 s)")
     args = ap.parse_args()
-    tag = uuid.uuid4().hex[:6]
-    tmp = tempfile.mkdtemp()
-    settings = load_settings(topic_prefix=f"al{tag}.", group_id=f"al{tag}", chdb_path=f"{tmp}/chdb")
-    ensure_topics(settings)
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("FLOPWATCH_")}, **settings_env(settings)}
-    worker = subprocess.Popen([sys.executable, "-m", "agents.cli.main", "worker", "--progress", "none"], env=env,
-                              stderr=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[2])
-    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": f"al{tag}-read",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    consumer.subscribe([Topics(settings.topic_prefix).alerts])
-    try:
-        time.sleep(10.0)  # the worker joins its groups
+    with live_worker("al") as (settings, consumer, _):
         scenario = parse_scenario(scenario_text(args.nodes, args.gpus, args.seconds, args.every), "alert-latency")
         params = SimParams(nodes=args.nodes, gpus=args.gpus, seed=3, start_ns=time.time_ns(), steady=True)
         pub = SimulatorPublisher(settings, params, batch_size=100, scenario=scenario)
@@ -110,11 +93,6 @@ def main() -> None:
             "beyond_lateness_and_grid_p99_s": q(0.99, lateness + grid),
             "event_time_onset_to_alert_median_s": round(statistics.median(onsets), 3),
             "nodes": args.nodes, "gpus": args.gpus, "seconds": args.seconds}))
-    finally:
-        consumer.close()
-        worker.terminate()
-        worker.wait(60)
-        delete_topics(settings)
 
 
 if __name__ == "__main__":

@@ -17,24 +17,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
-from confluent_kafka import Consumer
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from live_worker import live_worker  # deploy/bench/
 
 from agents.collect.simulator import SimulatorPublisher
-from agents.kafka.admin import delete_topics, ensure_topics
-from agents.kafka.topics import Topics
-from agents.settings import load_settings, settings_env
 from schemas.alerts import decode_alert
 from streams.sim.scenario import parse_scenario
 from streams.sim.simulate import SimParams
@@ -69,20 +63,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
     rng = random.Random(args.seed)
-    tag = uuid.uuid4().hex[:6]
-    tmp = tempfile.mkdtemp()
-    settings = load_settings(topic_prefix=f"sl{tag}.", group_id=f"sl{tag}", chdb_path=f"{tmp}/chdb",
-                             clickhouse_backend="chdb", clickhouse_layout="current")
-    ensure_topics(settings)
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("FLOPWATCH_")}, **settings_env(settings)}
-    with open(f"{tmp}/worker.log", "wb") as log:
-        worker = subprocess.Popen([sys.executable, "-m", "agents.cli.main", "worker", "--progress", "none"],
-                                  env=env, stderr=log, cwd=Path(__file__).resolve().parents[2])
-    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": f"sl{tag}-read",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    consumer.subscribe([Topics(settings.topic_prefix).alerts])
-    try:
-        time.sleep(10.0)  # the worker joins its groups
+    with live_worker("sl") as (settings, consumer, log_path):
         scenario = parse_scenario(scenario_text(args.nodes, args.gpus, args.seconds, args.per_gpu, rng), "spike-live")
         params = SimParams(nodes=args.nodes, gpus=args.gpus, seed=args.seed, start_ns=time.time_ns(), steady=True)
         truth = [t for t in scenario.truth(params.start_ns) if t.kind == "spike"]
@@ -109,12 +90,7 @@ def main() -> None:
         print(json.dumps({"bench": "spike_live", "date": time.strftime("%Y-%m-%d"), "spikes": len(truth),
                           "caught": len(truth) - len(missed), "missed": len(missed),
                           "gpus_with_alerts": len(onsets), "nodes": args.nodes, "gpus": args.gpus,
-                          "seconds": args.seconds, "worker_log": f"{tmp}/worker.log"}))
-    finally:
-        consumer.close()
-        worker.terminate()
-        worker.wait(60)
-        delete_topics(settings)
+                          "seconds": args.seconds, "worker_log": log_path}))
 
 
 if __name__ == "__main__":
