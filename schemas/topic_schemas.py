@@ -162,7 +162,7 @@ def _field_schema(name: str, hint: Any) -> dict[str, Any]:
         return {"type": "array", "items": {
             "type": "object", "required": ["gpu", "value", "baseline", "load_w"], "additionalProperties": False,
             "properties": {"gpu": {"type": "string"}, "value": number, "baseline": number,
-                           "load_w": {"oneOf": [number, {"type": "null"}]}}}}
+                           **{k: {"oneOf": [number, {"type": "null"}]} for k in ("load_w", "band_lo_w", "band_hi_w")}}}}
     raise TypeError(f"schemas/topic_schemas.py: no JSON Schema for WorkloadSample.{name}: {hint!r}")
 
 

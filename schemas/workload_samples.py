@@ -42,6 +42,8 @@ class DriftDetail:
     value: float  # FLOPS/W at the confirming tick
     baseline: float  # what this GPU achieved at the same load (FLOPS/W)
     load_w: float | None  # the power it was judged at; None: judged without its power
+    band_lo_w: float | None = None  # the healthy loads (powers) the baseline was read between
+    band_hi_w: float | None = None
 
 
 class WorkloadSampleDecodeError(ValueError):
@@ -131,12 +133,19 @@ def _details(raw: object) -> tuple[DriftDetail, ...]:
 
     if not isinstance(raw, list):
         raise WorkloadSampleDecodeError("wrong_type: drift_detail must be a list")
+    def maybe(x: object) -> float | None:
+        return None if x is None else float(x)  # type: ignore[arg-type]
+
     out = []
     for d in raw:
-        if (not isinstance(d, dict) or set(d) != {"gpu", "value", "baseline", "load_w"}
+        if (not isinstance(d, dict) or not {"gpu", "value", "baseline", "load_w"} <= set(d) <= _DETAIL_KEYS
                 or not isinstance(d["gpu"], str) or not number(d["value"]) or not number(d["baseline"])
-                or not (d["load_w"] is None or number(d["load_w"]))):
-            raise WorkloadSampleDecodeError("wrong_type: drift_detail items must be {gpu, value, baseline, load_w}")
-        out.append(DriftDetail(d["gpu"], float(d["value"]), float(d["baseline"]),
-                               None if d["load_w"] is None else float(d["load_w"])))
+                or not all(d.get(k) is None or number(d[k]) for k in ("load_w", "band_lo_w", "band_hi_w"))):
+            raise WorkloadSampleDecodeError("wrong_type: drift_detail items must be {gpu, value, baseline, load_w"
+                                            "[, band_lo_w, band_hi_w]}")
+        out.append(DriftDetail(d["gpu"], float(d["value"]), float(d["baseline"]), maybe(d["load_w"]),
+                               maybe(d.get("band_lo_w")), maybe(d.get("band_hi_w"))))
     return tuple(out)
+
+
+_DETAIL_KEYS: Final = frozenset(f.name for f in dataclasses.fields(DriftDetail))

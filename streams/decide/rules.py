@@ -337,6 +337,7 @@ class WorkloadRules:
         if worst is not None:  # the deepest drop, stated at the load it was judged at
             node, d = worst
             drift.update(node=node, gpu=d.gpu, flops_per_watt=d.value, baseline_at_load=d.baseline, load_w=d.load_w,
+                         load_band_lo_w=d.band_lo_w, load_band_hi_w=d.band_hi_w,
                          drop=1 - d.value / d.baseline if d.baseline > 0 else None)
         ev = {"efficiency_drift": drift}
         trig = self._trigger("rebalance", t, t.replicas, ev)

@@ -133,9 +133,8 @@ class Detectors:
         out = {}
         for (rule, n, g), a in self._open.items():
             if n == node and rule == DRIFT_RULE:
-                load = a.evidence.get("load_w")
-                out[g] = DriftDetail(g, a.value, a.baseline if a.baseline is not None else a.threshold,
-                                     float(load) if isinstance(load, int | float) else None)
+                load, lo, hi = (_number(a.evidence.get(k)) for k in ("load_w", "band_lo_w", "band_hi_w"))
+                out[g] = DriftDetail(g, a.value, a.baseline if a.baseline is not None else a.threshold, load, lo, hi)
         return out
 
     def _spikes(self, m: FrameMessage, g: GpuFrame) -> list[Alert]:
@@ -180,6 +179,10 @@ class Detectors:
                                 threshold=ev.threshold, onset_ts_ns=ev.onset_ns, ts_ns=end, baseline=ev.baseline,
                                 workload=_label(g, "workload"), namespace=_label(g, "namespace"))
         return firing.resolved(max(end, firing.ts_ns), value=ev.value, evidence=evidence)
+
+
+def _number(x: object) -> float | None:
+    return float(x) if isinstance(x, int | float) else None
 
 
 def _label(g: GpuFrame, key: str) -> str | None:

@@ -172,7 +172,10 @@ class EfficiencyDrift:
         self._alert = OpenAlert(c.onset_ns, base, threshold, value, c.level_ns, deque(c.level, maxlen=self._base.cap))
         self._run.clear()
         k = self._scale
-        evidence = c.evidence if self._pair is None else {**c.evidence, "load_w": self._pair[0], "norm": k}
+        evidence = c.evidence
+        if self._pair is not None:
+            lo, hi = self._curve.bracket(self._pair[0]) or (self._pair[0], self._pair[0])
+            evidence = {**evidence, "load_w": self._pair[0], "norm": k, "band_lo_w": lo, "band_hi_w": hi}
         return DriftEvent("firing", c.onset_ns, tick_ns, value * k, base * k, threshold * k, evidence)
 
     def _while_open(self, tick_ns: int, value: float, suspect: bool, river: bool) -> list[DriftEvent]:

@@ -45,6 +45,10 @@ class LoadNorm(Protocol):
         """The healthy FLOPS/W at ``power``, or None where the model cannot say."""
         ...
 
+    def bracket(self, power: float | None) -> tuple[float, float] | None:
+        """The powers of the healthy loads the norm at ``power`` is read from (low, high), or None."""
+        ...
+
     def reset(self) -> None:
         """Forget everything (a new workload)."""
         ...
@@ -104,6 +108,15 @@ class LoadCurve:
 
     def expected(self, power: float | None) -> float | None:
         """The norm at ``power``, or None when no ready band is close enough to say."""
+        got = self._read(power)
+        return None if got is None else got[0]
+
+    def bracket(self, power: float | None) -> tuple[float, float] | None:
+        """The centroid powers of the ready bands the norm at ``power`` is read from (equal for one band)."""
+        got = self._read(power)
+        return None if got is None else (got[1], got[2])
+
+    def _read(self, power: float | None) -> tuple[float, float, float] | None:
         if power is None or not (power > 0 and math.isfinite(power)):
             return None
         lo: tuple[float, float] | None = None
@@ -118,10 +131,13 @@ class LoadCurve:
                 hi = c
         if lo is not None and hi is not None and math.log(hi[0] / lo[0]) <= self.span * self._log_w:
             if hi[0] == lo[0]:
-                return lo[1]
-            return lo[1] + (hi[1] - lo[1]) * (power - lo[0]) / (hi[0] - lo[0])
+                return lo[1], lo[0], lo[0]
+            return lo[1] + (hi[1] - lo[1]) * (power - lo[0]) / (hi[0] - lo[0]), lo[0], hi[0]
         near = [c for c in (lo, hi) if c is not None and abs(math.log(power / c[0])) <= self._log_w / 2]
-        return min(near, key=lambda c: abs(c[0] - power))[1] if near else None
+        if not near:
+            return None
+        c = min(near, key=lambda c: abs(c[0] - power))
+        return c[1], c[0], c[0]
 
     def reset(self) -> None:
         self._bands.clear()

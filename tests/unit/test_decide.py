@@ -148,13 +148,14 @@ def test_no_rebalance_while_the_workload_power_moves_and_one_once_it_holds() -> 
 
 
 def test_rebalance_states_the_drift_at_its_load() -> None:
-    details = (DriftDetail("3", 0.75e12, 1.0e12, 412.5), DriftDetail("5", 0.8e12, 1.0e12, None))
+    details = (DriftDetail("3", 0.75e12, 1.0e12, 412.5, 400.0, 425.0), DriftDetail("5", 0.8e12, 1.0e12, None))
     out = run(Decider(DecideParams()), [sample(t, power_w=410.0, drift=("3", "5") if t >= 5 else (),
                                                drift_detail=details if t >= 5 else ()) for t in range(10)])
     assert taken(out) == [("rebalance", 6)]
     ev = out[0].trigger.evidence["efficiency_drift"]
     assert ev["gpus"] == "3,5" and ev["node"] == "n1" and ev["gpu"] == "3"
     assert ev["flops_per_watt"] == 0.75e12 and ev["baseline_at_load"] == 1.0e12 and ev["load_w"] == 412.5
+    assert (ev["load_band_lo_w"], ev["load_band_hi_w"]) == (400.0, 425.0)
     assert ev["drop"] == pytest.approx(0.25)
     assert out[0].trigger.reasons == ("efficiency_drift",)
 

@@ -36,3 +36,12 @@ def test_the_sla_breach_is_rolled_back_within_one_tick() -> None:
 def test_a_replay_of_the_frames_gives_the_same_trigger_ids() -> None:
     a, b = run_scenario(SCENARIOS["diurnal"]), run_scenario(SCENARIOS["diurnal"])
     assert [d.trigger.id for d in a.decisions] == [d.trigger.id for d in b.decisions]
+
+
+def test_the_drift_scenarios_rebalance_states_the_drift_at_its_load() -> None:
+    sc = SCENARIOS["drift"]
+    [d] = [d for d in run_scenario(sc).decisions if d.trigger.action == "rebalance" and d.outcome == "taken"]
+    ev = {k: v for k, v in d.trigger.evidence["efficiency_drift"].items() if isinstance(v, float)}
+    assert abs(ev["drop"] - 0.25) < 0.05 and ev["flops_per_watt"] < ev["baseline_at_load"]
+    assert ev["load_band_lo_w"] <= ev["load_w"] * 1.02 and ev["load_band_hi_w"] >= ev["load_w"] * 0.98
+    assert ev["load_moved"] < 0.10 and d.trigger.reasons == ("efficiency_drift",)

@@ -70,6 +70,8 @@ def test_a_drift_at_a_steady_load_alerts_about_3s_after_it_starts(grid_ns: int, 
     assert f.value / f.baseline == pytest.approx(1 - depth, abs=0.05)
     assert f.evidence["load_w"] == pytest.approx(p[int(f.tick_ns // grid_ns)], rel=0.01)  # the smoothed power
     assert float(f.evidence["norm"]) > 0
+    lo, hi = float(f.evidence["band_lo_w"]), float(f.evidence["band_hi_w"])
+    assert lo <= float(f.evidence["load_w"]) * 1.02 and hi >= float(f.evidence["load_w"]) * 0.98 and hi / lo < 1.2
 
 
 @pytest.mark.parametrize("grid_ns", GRIDS)

@@ -152,12 +152,16 @@ def test_workload_summaries_validate_and_bad_ones_fail() -> None:
 def test_workload_summaries_carry_power_and_drift_figures_and_older_ones_still_decode() -> None:
     s = WorkloadSample("serving", "chat", "inference", "node-1", T0, 10**9, 4, ("chat-0",), 0.5, None, None,
                        80.0, 900.0, False, ("0", "2"), power_w=412.5,
-                       drift_detail=(DriftDetail("0", 7.5e11, 1e12, 410.0), DriftDetail("2", 8e11, 1e12, None)))
+                       drift_detail=(DriftDetail("0", 7.5e11, 1e12, 410.0, 400.0, 420.0), DriftDetail("2", 8e11, 1e12, None)))
     raw = encode_workload_sample(s)
     doc = orjson.loads(raw)
     v = validator("flopwatch.workloads")
     v.validate(doc)
     assert decode_workload_sample(raw) == s
+    no_band = doc | {"drift_detail": [{k: d[k] for k in ("gpu", "value", "baseline", "load_w")}
+                                      for d in doc["drift_detail"]]}
+    v.validate(no_band)
+    assert decode_workload_sample(orjson.dumps(no_band)).drift_detail[0] == DriftDetail("0", 7.5e11, 1e12, 410.0)
     older = {k: x for k, x in doc.items() if k not in ("power_w", "drift_detail")}  # written before they existed
     v.validate(older)
     assert decode_workload_sample(orjson.dumps(older)) == dataclasses.replace(s, power_w=None, drift_detail=())
