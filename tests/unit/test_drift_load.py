@@ -144,3 +144,10 @@ def test_memory_stays_bounded_under_a_load_that_never_settles(grid_ns: int) -> N
     assert peak["pairs"] <= (p.run_limit_ns + p.max_gap_ns) // grid_ns + 1
     assert peak["unjudged"] <= p.baseline_ns // grid_ns
     assert len(json.dumps(d.snapshot())) < 100_000
+
+
+@pytest.mark.parametrize("bad", [{"load_band": 0.0}, {"load_band": 1.0}, {"load_need_ns": 0}, {"load_cap": 2},
+                                 {"load_move": 0.0}, {"load_move_ns": 0}, {"load_lag_ns": 0}])
+def test_the_load_parameters_are_validated(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="load_"):
+        DriftParams(**bad)  # type: ignore[arg-type]
