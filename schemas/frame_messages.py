@@ -12,7 +12,9 @@ what the detection agents do).
 
 ``values`` holds only the sampled aggregates (a missing key is an empty cell, NULL in
 ClickHouse); ``derived`` holds every derived column, null where an input is missing,
-and ``note`` says which input (``schemas.frames.NOTE_CODES``).
+and ``note`` says which input (``schemas.frames.NOTE_CODES``). ``fpw_sub``, optional, is
+the tick's FLOPS/W in 100 ms buckets (null where a bucket had no sample): what the drift
+rule times a hold by (``streams.efficiency.subticks``); not stored in ClickHouse.
 
 >>> m = FrameMessage("node-1", 1_796_200_344_000_000_000, 1_000_000_000,
 ...                  (GpuFrame("0", {"workload": "llm"}, {"power": 512.5}, {"tflops": 400.0}, ""),))
@@ -43,6 +45,8 @@ _VALUES: Final = frozenset(VALUE_COLUMNS)
 _DERIVED: Final = frozenset(DERIVED_COLUMNS)
 _TOP: Final = ("v", "id", "node", "tick_ns", "grid_ns", "gpus")
 _GPU: Final = ("gpu", "id", "labels", "values", "derived", "note", "clock_uncertainty_us")
+_GPU_OPTIONAL: Final = ("fpw_sub",)
+_MAX_SUB: Final = 600  # buckets per tick: a 60 s grid in 100 ms buckets
 _FIELD_SETS: Final[dict[tuple[str, ...], frozenset[str]]] = {names: frozenset(names) for names in (_TOP, _GPU)}
 _STR_LABELS: Final = frozenset(LABEL_COLUMNS) - INT_LABELS
 _NOTES: Final = frozenset(NOTE_CODES) | {""}
@@ -75,6 +79,7 @@ class GpuFrame:
     note: str
     clock_uncertainty_us: float = 0.0
     id: str = ""  # frame_id(node, gpu, tick): set by the FrameMessage that holds it
+    fpw_sub: tuple[float | None, ...] = ()  # the tick's FLOPS/W in 100 ms buckets; () when not sent
 
     def value(self, column: str) -> float | None:
         return self.values.get(column)
@@ -91,7 +96,8 @@ class FrameMessage:
         # Each GPU frame's id comes from the message's node and tick (never trusted from the wire),
         # and every derived column is present (null where absent), so equal frames compare equal.
         fixed = tuple(GpuFrame(g.gpu, g.labels, g.values, {c: g.derived.get(c) for c in DERIVED_COLUMNS}, g.note,
-                               g.clock_uncertainty_us, frame_id(self.node, g.gpu, self.tick_ns)) for g in self.gpus)
+                               g.clock_uncertainty_us, frame_id(self.node, g.gpu, self.tick_ns), g.fpw_sub)
+                      for g in self.gpus)
         object.__setattr__(self, "gpus", fixed)
 
     @property
@@ -103,15 +109,19 @@ def encode_frame_message(m: FrameMessage) -> bytes:
     """Compact JSON with sorted keys: equal messages give equal bytes."""
     return encode_frame_doc(m.node, m.tick_ns, m.grid_ns, [
         gpu_doc(g.gpu, g.id, dict(g.labels), dict(g.values), {c: g.derived.get(c) for c in DERIVED_COLUMNS}, g.note,
-                g.clock_uncertainty_us) for g in m.gpus])
+                g.clock_uncertainty_us, g.fpw_sub) for g in m.gpus])
 
 
 def gpu_doc(gpu: str, id: str, labels: Mapping[str, str | int], values: Mapping[str, float],
-            derived: Mapping[str, float | None], note: str, clock_uncertainty_us: float) -> dict[str, object]:
+            derived: Mapping[str, float | None], note: str, clock_uncertainty_us: float,
+            fpw_sub: tuple[float | None, ...] = ()) -> dict[str, object]:
     """One GPU frame of a message, as JSON; ``encode_frame_message`` and the writer's columnar encoder
     (``agents.sinks.frames_out``) both build it here, so their bytes cannot drift apart."""
-    return {"gpu": gpu, "id": id, "labels": labels, "values": values, "derived": derived, "note": note,
-            "clock_uncertainty_us": clock_uncertainty_us}
+    doc: dict[str, object] = {"gpu": gpu, "id": id, "labels": labels, "values": values, "derived": derived,
+                              "note": note, "clock_uncertainty_us": clock_uncertainty_us}
+    if any(x is not None for x in fpw_sub):
+        doc["fpw_sub"] = list(fpw_sub)
+    return doc
 
 
 def encode_frame_doc(node: str, tick_ns: int, grid_ns: int, gpus: list[dict[str, object]]) -> bytes:
@@ -166,6 +176,7 @@ def _fields(obj: dict[str, Any], names: tuple[str, ...], what: str) -> None:
 def _gpu(g: object) -> GpuFrame:
     if not isinstance(g, dict):
         raise FrameDecodeError("wrong_type", "each entry of gpus must be an object")
+    sub = g.pop("fpw_sub", None)
     _fields(g, _GPU, "gpu frame")
     if not isinstance(g["gpu"], str) or not g["gpu"]:
         raise FrameDecodeError("wrong_type", "gpu must be a non-empty string")
@@ -183,7 +194,16 @@ def _gpu(g: object) -> GpuFrame:
     if not isinstance(note, str) or (note and not set(note.split(",")) <= _NOTES):
         raise FrameDecodeError("wrong_type", f"note {note!r} is not a comma-separated list of note codes")
     unc = _num("clock_uncertainty_us", g["clock_uncertainty_us"], frozenset({"clock_uncertainty_us"}))
-    return GpuFrame(g["gpu"], labels, vals, der, note, unc)
+    return GpuFrame(g["gpu"], labels, vals, der, note, unc, fpw_sub=_sub(sub))
+
+
+def _sub(sub: object) -> tuple[float | None, ...]:
+    if sub is None:
+        return ()
+    if not isinstance(sub, list) or len(sub) > _MAX_SUB or not all(
+            x is None or (type(x) in _NUMBER_TYPES and math.isfinite(x)) for x in sub):
+        raise FrameDecodeError("wrong_type", f"fpw_sub must be a list of at most {_MAX_SUB} numbers or nulls")
+    return tuple(None if x is None else float(x) for x in sub)
 
 
 _NUMBER_TYPES: Final = frozenset({int, float})  # exactly: bool is an int subclass, and not a number here
@@ -231,6 +251,9 @@ def frame_schema() -> dict[str, Any]:
             "note": {"type": "string", "pattern": f"^(({'|'.join(NOTE_CODES)})(,({'|'.join(NOTE_CODES)}))*)?$",
                      "description": "Why derived values are null, comma-separated; empty when none is."},
             "clock_uncertainty_us": {"type": "number", "minimum": 0},
+            "fpw_sub": {"type": "array", "maxItems": _MAX_SUB, "items": {"type": ["number", "null"]},
+                        "description": "Optional: the tick's FLOPS/W in 100 ms buckets, null where a bucket had "
+                                       "no sample (what the drift rule times a hold by)."},
         },
     }
     return {

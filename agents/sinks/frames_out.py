@@ -32,6 +32,7 @@ def encode_batch(batch: FrameBatch, grid_ns: int) -> Iterator[tuple[str, int, by
     vals = {c: batch.values[c].tolist() for c in VALUE_COLUMNS}
     der = {c: (batch.derived[c].tolist() if c in batch.derived else [None] * n) for c in DERIVED_COLUMNS}
     notes = batch.notes or [""] * n
+    subs = batch.sub_fpw or [()] * n
     unc = (batch.clock_uncertainty_ns / 1000.0).tolist()
     ticks = batch.tick_ns.tolist()
     groups: dict[tuple[str, int], list[dict[str, object]]] = {}
@@ -40,7 +41,7 @@ def encode_batch(batch: FrameBatch, grid_ns: int) -> Iterator[tuple[str, int, by
         values = {c: v[i] for c, v in vals.items() if v[i] == v[i]}  # NaN != NaN: an empty cell
         derived = {c: (None if d[i] is None or d[i] != d[i] else d[i]) for c, d in der.items()}
         groups.setdefault((node, tick), []).append(
-            gpu_doc(gpu, frame_id(node, gpu, tick), batch.labels[i], values, derived, notes[i], unc[i]))
+            gpu_doc(gpu, frame_id(node, gpu, tick), batch.labels[i], values, derived, notes[i], unc[i], subs[i]))
     for (node, tick), gpus in groups.items():
         yield node, tick, encode_frame_doc(node, tick, grid_ns, gpus)
 

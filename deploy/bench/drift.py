@@ -94,19 +94,29 @@ LOOKALIKES: dict[str, Load] = {
 
 
 def ticks_of(grid_ns: int, seconds: float, depth: float, onset_s: float, length_s: float, noise: float,
-             seed: int) -> tuple[list[int], list[float]]:
+             seed: int, sub: int = 1) -> tuple[list[int], list[float], list[tuple[float | None, ...]]]:
+    """Ticks, their FLOPS/W and (``sub`` > 1) each tick's profile of ``sub`` buckets, whose mean the tick is
+    (each bucket noisier by sqrt(sub), as a bucket holds a tenth of the tick's samples at sub = 10)."""
     rng = np.random.default_rng(seed)
     n = int(seconds * S) // grid_ns
-    t = np.arange(n, dtype=np.int64) * grid_ns
     lo, hi = int(onset_s * S), int((onset_s + length_s) * S)
-    covered = np.clip(np.minimum(t + grid_ns, hi) - np.maximum(t, lo), 0, grid_ns) / grid_ns
     level = rng.uniform(2e10, 6e10)
-    values = level * (1 - depth * covered) * (1 + rng.normal(0.0, noise, n))
-    return t.tolist(), values.tolist()
+    if sub <= 1:
+        t = np.arange(n, dtype=np.int64) * grid_ns
+        covered = np.clip(np.minimum(t + grid_ns, hi) - np.maximum(t, lo), 0, grid_ns) / grid_ns
+        values = level * (1 - depth * covered) * (1 + rng.normal(0.0, noise, n))
+        return t.tolist(), values.tolist(), [()] * n
+    step = grid_ns // sub
+    tb = np.arange(n * sub, dtype=np.int64) * step
+    cov = np.clip(np.minimum(tb + step, hi) - np.maximum(tb, lo), 0, step) / step
+    vb = (level * (1 - depth * cov) * (1 + rng.normal(0.0, noise * np.sqrt(sub), n * sub))).reshape(n, sub)
+    return (np.arange(n, dtype=np.int64) * grid_ns).tolist(), vb.mean(axis=1).tolist(), \
+        [tuple(r) for r in vb.tolist()]
 
 
-def run_case(args: tuple[int, float, Case, float, dict[str, Any], bool, float]) -> dict[str, Any]:
-    grid_ns, noise, (kind, label, depth, onset_s, length_s, seed), seconds, overrides, loaded, pn = args
+def run_case(args: tuple[int, float, Case, float, dict[str, Any], bool, float, int]) -> dict[str, Any]:
+    grid_ns, noise, (kind, label, depth, onset_s, length_s, seed), seconds, overrides, loaded, pn, sub = args
+    subs: list[tuple[float | None, ...]] = []
     if kind == "lookalike":
         t, v, power = load_ticks(grid_ns, seconds, LOOKALIKES[label], noise, seed, power_noise=pn)
     elif kind == "steady":  # label "<load> <how>": a drift at a steady SM activity, by a slower kernel or a clock cap
@@ -117,18 +127,20 @@ def run_case(args: tuple[int, float, Case, float, dict[str, Any], bool, float]) 
         t, v, power = load_ticks(grid_ns, seconds, Load("step", 0.9, 0.5, onset_s=60, length_s=seconds), noise,
                                  seed, drop=depth, drop_onset_s=onset_s, drop_length_s=length_s, power_noise=pn)
     else:
-        t, v = ticks_of(grid_ns, seconds, depth, onset_s, length_s, noise, seed)
+        t, v, subs = ticks_of(grid_ns, seconds, depth, onset_s, length_s, noise, seed, sub)
         rng = np.random.default_rng(seed + 1)
         power = (rng.uniform(300, 650) * (1 + rng.normal(0.0, pn, len(t)))).tolist()
     d = EfficiencyDrift(DriftParams(**overrides), grid_ns)
     loads = power if loaded else [None] * len(t)
-    firings = [e.tick_ns for ti, vi, pi in zip(t, v, loads, strict=True)
-               for e in d.update(ti, vi, "job", load=pi) if e.state == "firing"]
+    subs = subs or [()] * len(t)
+    fired = [(e.tick_ns, e.at_ns or e.tick_ns + grid_ns) for ti, vi, pi, si in zip(t, v, loads, subs, strict=True)
+             for e in d.update(ti, vi, "job", load=pi, sub=si) if e.state == "firing"]
+    firings = [f for f, _ in fired]
     lo, hi = int(onset_s * S), int((onset_s + length_s) * S)
-    hits = [f for f in firings if lo - grid_ns < f <= hi + grid_ns]
+    hits = [at for f, at in fired if lo - grid_ns < f <= hi + grid_ns]
     return {"kind": kind, "label": label, "depth": depth, "length_s": length_s, "firings": len(firings),
             "ticks": len(t),
-            "delay_s": (hits[0] + grid_ns - lo) / S if hits else None, "early": sum(f <= lo - grid_ns for f in firings)}
+            "delay_s": (hits[0] - lo) / S if hits else None, "early": sum(f <= lo - grid_ns for f in firings)}
 
 
 def cases(per_kind: int, seed: int) -> list[Case]:
@@ -264,6 +276,8 @@ def main() -> None:
     ap.add_argument("--no-sim-noise", action="store_true", help="skip measuring the simulator's FLOPS/W noise")
     ap.add_argument("--lookalikes", type=int, default=20, help="seeds per look-alike (0: none)")
     ap.add_argument("--no-load", action="store_true", help="ticks without their power: the unconditioned rule")
+    ap.add_argument("--no-sub", action="store_true",
+                    help="ticks without their 100 ms profiles: the hold timed to the tick end, as before")
     ap.add_argument("--power-noise", default="0.003,0.03",
                     help="per-tick noise of the power reading (fractions); the look-alike families run at each, "
                          "the rest at the first")
@@ -283,11 +297,12 @@ def main() -> None:
         for grid_ms in (int(x) for x in a.grids_ms.split(",")):
             grid_ns = grid_ms * 1_000_000
             for noise in (float(x) for x in a.noise.split(",")):
-                jobs = [(grid_ns, noise, c, c[3] + c[4] + 10, overrides, not a.no_load, power_noise[0])
+                sub = 1 if a.no_sub else grid_ns // 100_000_000  # frames carry 100 ms profiles above a 100 ms grid
+                jobs = [(grid_ns, noise, c, c[3] + c[4] + 10, overrides, not a.no_load, power_noise[0], sub)
                         for c in all_cases]
                 res = {"grid_ms": grid_ms, "noise": noise, **summarise(pool.map(run_case, jobs, chunksize=16))}
                 for pn in power_noise if a.lookalikes else ():
-                    look = [(grid_ns, noise, c, series_s(c), overrides, not a.no_load, pn)
+                    look = [(grid_ns, noise, c, series_s(c), overrides, not a.no_load, pn, 1)
                             for c in lookalike_cases(a.lookalikes, a.seed)]
                     res.setdefault("lookalikes", {})[f"{pn:g}"] = summarise_lookalikes(
                         pool.map(run_case, look, chunksize=4), grid_ns)
@@ -295,7 +310,8 @@ def main() -> None:
             hours = a.noise_hours * grid_ns / S
             for noise in (float(x) for x in a.noise_only.split(",")):
                 quiet: list[Case] = [("noise", "", 0.0, 0.0, 0.0, a.seed * 100_003 + i) for i in range(a.noise_gpus)]
-                qrows = pool.map(run_case, [(grid_ns, noise, c, hours * 3600, overrides, not a.no_load, power_noise[0])
+                qrows = pool.map(run_case, [(grid_ns, noise, c, hours * 3600, overrides, not a.no_load, power_noise[0],
+                                             1 if a.no_sub else grid_ns // 100_000_000)
                                             for c in quiet], chunksize=4)
                 alarms = sum(r["firings"] for r in qrows)
                 gpu_days = a.noise_gpus * hours / 24

@@ -57,6 +57,8 @@ class FrameBatch:
     # frame why any of them is NULL ("" when none is).
     derived: dict[str, F64] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # Per frame, its FLOPS/W in sub-tick buckets (streams.efficiency.subticks); empty when not made.
+    sub_fpw: list[tuple[float | None, ...]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.node)

@@ -160,7 +160,7 @@ class Detectors:
         value = g.derived.get("flops_per_watt")
         suspect = g.clock_uncertainty_us > self.params.max_uncertainty_us
         events = self.drift.update((m.node, g.gpu), m.tick_ns, value, context_of(g.labels), suspect,
-                                   g.values.get("power"))
+                                   g.values.get("power"), g.fpw_sub)
         return [self._drift_alert(m, g, ev) for ev in events]
 
     def _drift_alert(self, m: FrameMessage, g: GpuFrame, ev: DriftEvent) -> Alert:
@@ -168,8 +168,10 @@ class Detectors:
         end = ev.tick_ns + self.grid_ns
         evidence = {**ev.evidence, "drop": self.params.drift.drop, "hold_ms": self.params.drift.hold_ns // 1_000_000}
         if ev.state == "firing":
+            # The hold completed at ev.at_ns when the frames carried sub-tick profiles: that is the alert's time.
             a = make_alert(DRIFT_RULE, self.params.drift_severity, m.node, g.gpu, value=ev.value,
-                           threshold=ev.threshold, onset_ts_ns=ev.onset_ns, ts_ns=end, baseline=ev.baseline,
+                           threshold=ev.threshold, onset_ts_ns=ev.onset_ns, ts_ns=ev.at_ns or end,
+                           baseline=ev.baseline,
                            workload=_label(g, "workload"), namespace=_label(g, "namespace"), evidence=evidence)
             self._open[key] = a
             return a

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -40,6 +40,9 @@ class DriftEvent:
     baseline: float  # the baseline the drop was measured against
     threshold: float  # baseline * (1 - drop)
     evidence: Evidence = field(default_factory=dict)
+    # firing: the instant the hold completed, read from the ticks' sub-tick profiles (onset bucket + hold);
+    # None: the end of ``tick_ns``, as a tick-level rule can say no better
+    at_ns: int | None = None
 
 
 class EfficiencyDrift:
@@ -60,6 +63,7 @@ class EfficiencyDrift:
         self._loaded = False  # this context's ticks carry their power: values are judged against the curve
         self._pair: tuple[float, float] | None = None  # (power, FLOPS/W) of the current tick, when loaded
         self._pairs: dict[int, tuple[float, float]] = {}  # the same for the open run's ticks
+        self._subs: dict[int, tuple[float | None, ...]] = {}  # the open run's sub-tick profiles (normalised)
         self._scale = 1.0  # the curve's norm at the latest judged tick (1 without load): back to FLOPS/W
         self._powers: deque[tuple[int, float]] = deque()  # (tick, log power) over the last load_move_ns
         # Healthy (power, FLOPS/W) learnt before the curve could judge them: once it can, they seed the
@@ -78,8 +82,9 @@ class EfficiencyDrift:
         return self._base.noise
 
     def update(self, tick_ns: int, value: float | None, context: str, suspect: bool = False,
-               load: float | None = None) -> list[DriftEvent]:
-        """Take one tick's FLOPS/W; ``load`` is its power (W), which makes the baseline load-conditioned."""
+               load: float | None = None, sub: Sequence[float | None] = ()) -> list[DriftEvent]:
+        """Take one tick's FLOPS/W; ``load`` is its power (W), which makes the baseline load-conditioned;
+        ``sub`` its FLOPS/W in equal sub-tick buckets, which times a confirmed hold to the bucket."""
         if self._last_ns is not None and tick_ns <= self._last_ns:
             self.ignored += 1
             return []
@@ -111,6 +116,7 @@ class EfficiencyDrift:
             if self._unjudged and self.baseline is None:
                 self._seed_baseline()
             self._pair, self._scale = (load, value), norm
+            sub = [None if x is None else x / norm for x in sub]
             value /= norm
         elif self._loaded:  # this context's ticks carry power: one without cannot be put on its curve
             return out
@@ -141,6 +147,8 @@ class EfficiencyDrift:
         tick = (tick_ns, value, suspect)
         if self._pair is not None and not suspect:
             self._pairs[tick_ns] = self._pair
+        if sub and not suspect:
+            self._subs[tick_ns] = tuple(sub)
         if not low:
             run.pending.append(tick)
             if tick_ns - run.ticks[-1][0] > self.params.max_gap_ns:
@@ -169,6 +177,8 @@ class EfficiencyDrift:
             if t < c.onset_ns:
                 self._curve.accept(*pair)
         self._pairs.clear()
+        at = self._confirmed_at(c.onset_ns, tick_ns, base, float(c.evidence["depth"]))
+        self._subs.clear()
         self._alert = OpenAlert(c.onset_ns, base, threshold, value, c.level_ns, deque(c.level, maxlen=self._base.cap))
         self._run.clear()
         k = self._scale
@@ -176,7 +186,42 @@ class EfficiencyDrift:
         if self._pair is not None:
             lo, hi = self._curve.bracket(self._pair[0]) or (self._pair[0], self._pair[0])
             evidence = {**evidence, "load_w": self._pair[0], "norm": k, "band_lo_w": lo, "band_hi_w": hi}
-        return DriftEvent("firing", c.onset_ns, tick_ns, value * k, base * k, threshold * k, evidence)
+        return DriftEvent("firing", c.onset_ns, tick_ns, value * k, base * k, threshold * k, evidence, at)
+
+    def _confirmed_at(self, onset_ns: int, tick_ns: int, base: float, depth: float) -> int | None:
+        """When the hold completed, to the end of a sub-tick bucket: the drop's onset is in the bucket of
+        the first tick from which the sum of (midpoint - value) over the rest of the tick is largest (a
+        change point, robust to one noisy bucket), as far into it as its value says; the hold completes
+        ``hold_ns`` later, if that lies in the current tick and its buckets up to there are, on average,
+        below the midpoint. None without profiles, or when the hold completed before this tick (the rule
+        needed this tick's depth: its end is the time)."""
+        first, cur = self._subs.get(onset_ns), self._subs.get(tick_ns)
+        if not first or not cur or len(first) != len(cur) or self.grid_ns % len(cur):
+            return None
+        n, step = len(cur), self.grid_ns // len(cur)
+        # From the first judged tick only: an onset found in the tick before (which the rule cut as noise)
+        # would put the hold's end before the tick that confirmed it, which the rule did not judge enough.
+        seq, start = first, onset_ns
+        mid = base * (1 - depth / 2)
+        best, j, acc = 0.0, len(seq), 0.0
+        for i in range(len(seq) - 1, -1, -1):
+            x = seq[i]
+            acc += 0.0 if x is None else mid - x
+            if acc >= best and x is not None:
+                best, j = acc, i
+        if j == len(seq):
+            return None
+        # The onset bucket is partly dropped as much as its value says (as the rule reads a partial tick).
+        x, level = seq[j], base * (1 - depth)
+        f = 1.0 if x is None or base <= level else min(max((base - x) / (base - level), 0.0), 1.0)
+        at = start + j * step + round(step * (1 - f)) + self.params.hold_ns
+        if not tick_ns <= at <= tick_ns + self.grid_ns:
+            return None
+        k = min((at - tick_ns) // step + 1, n)  # the end of the bucket the estimate falls in: never early
+        seen = [x for x in cur[:k] if x is not None]
+        if k and (not seen or sum(seen) / len(seen) >= mid):
+            return None
+        return tick_ns + k * step
 
     def _while_open(self, tick_ns: int, value: float, suspect: bool, river: bool) -> list[DriftEvent]:
         a = self._alert
@@ -205,6 +250,7 @@ class EfficiencyDrift:
         for t, v, s in self._run.drain():
             self._accept(v, self._pairs.get(t), s)
         self._pairs.clear()
+        self._subs.clear()
 
     def _seed_baseline(self) -> None:
         for power, value in self._unjudged:
@@ -241,6 +287,7 @@ class EfficiencyDrift:
         """An unconfirmed run ends at a load transition: its ticks were judged at a load that was moving."""
         self._run.clear()
         self._pairs.clear()
+        self._subs.clear()
 
     def _accept(self, value: float, pair: tuple[float, float] | None, suspect: bool) -> None:
         """A healthy tick teaches the baseline, and its (power, FLOPS/W) the load curve."""
@@ -258,6 +305,7 @@ class EfficiencyDrift:
         self._det.reset()
         self._curve.reset()
         self._pairs.clear()
+        self._subs.clear()
         self._powers.clear()
         self._unjudged.clear()
         self._loaded, self._scale = False, 1.0
@@ -267,7 +315,7 @@ class EfficiencyDrift:
         base, sorted_ = self._base.lengths()
         return {"baseline": base, "sorted": sorted_, "run": len(self._run),
                 "level": 0 if self._alert is None else len(self._alert.level), "powers": len(self._powers),
-                "pairs": len(self._pairs), "unjudged": len(self._unjudged),
+                "pairs": len(self._pairs), "unjudged": len(self._unjudged), "subs": len(self._subs),
                 "curve": sum(len(p) for _, p, _ in self._curve.snapshot())}
 
     def snapshot(self) -> dict[str, Any]:
@@ -280,6 +328,7 @@ class EfficiencyDrift:
             "curve": self._curve.snapshot(), "loaded": self._loaded, "scale": self._scale,
             "pairs": [[t, p, v] for t, (p, v) in self._pairs.items()], "powers": [list(x) for x in self._powers],
             "unjudged": [list(x) for x in self._unjudged],
+            "subs": [[t, list(v)] for t, v in self._subs.items()],
         }
 
     @classmethod
@@ -299,4 +348,5 @@ class EfficiencyDrift:
         d._pairs = {int(t): (float(p), float(v)) for t, p, v in snap.get("pairs", [])}
         d._powers.extend((int(t), float(p)) for t, p in snap.get("powers", []))
         d._unjudged.extend((float(p), float(v)) for p, v in snap.get("unjudged", []))
+        d._subs = {int(t): tuple(None if x is None else float(x) for x in v) for t, v in snap.get("subs", [])}
         return d

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from streams.detect.drift import DriftEvent, EfficiencyDrift
@@ -32,7 +32,8 @@ class DriftBank:
         self.evicted = 0
 
     def update(self, key: tuple[str, str], tick_ns: int, value: float | None, context: str,
-               suspect: bool = False, load: float | None = None) -> list[DriftEvent]:
+               suspect: bool = False, load: float | None = None,
+               sub: Sequence[float | None] = ()) -> list[DriftEvent]:
         d = self._gpus.get(key)
         if d is None:
             d = self._gpus[key] = EfficiencyDrift(self.params, self.grid_ns)
@@ -41,7 +42,7 @@ class DriftBank:
                 self.evicted += 1
         else:
             self._gpus.move_to_end(key)
-        return d.update(tick_ns, value, context, suspect, load)
+        return d.update(tick_ns, value, context, suspect, load, sub)
 
     def get(self, key: tuple[str, str]) -> EfficiencyDrift | None:
         return self._gpus.get(key)

@@ -37,9 +37,13 @@ from streams.align.grid import AlignParams
 from streams.detect.spike_rule import SpikeParams
 from streams.detect.spikes import SpikeEngine
 from streams.efficiency.derive import IdleParams, derive
+from streams.efficiency.subticks import POWER, SM, TENSOR, SubTicks
 
 EVICT_SLACK_NS: Final = 600_000_000_000
 SPIKE_SENSOR_INDEX: Final = {BY_NAME[name].index: name for name in SPIKE_SENSORS}
+SUB_SENSOR_INDEX: Final = {BY_NAME["tensor_active"].index: TENSOR, BY_NAME["sm_active"].index: SM,
+                           BY_NAME["power"].index: POWER}
+TAPPED: Final = frozenset(SPIKE_SENSOR_INDEX) | frozenset(SUB_SENSOR_INDEX)
 
 
 class BookPricing:
@@ -70,17 +74,25 @@ class Enricher:
         self.grid_ns = grid_ns
         self.idle = idle or IdleParams()
         self.spikes = SpikeEngine(spikes, grid_ns)
+        # Profiles only where a tick holds several whole buckets (at a 100 ms grid the ticks are the buckets).
+        self.subticks = (SubTicks(spikes.bucket_ns, grid_ns)
+                         if grid_ns > spikes.bucket_ns and grid_ns % spikes.bucket_ns == 0 else None)
         self._pricing: BookPricing | None = None
 
     def tap(self, node: str, gpu: str, sensor_index: int, ts_ns: Sequence[int], values: Sequence[float],
             correction: Correction | None) -> None:
         name = SPIKE_SENSOR_INDEX.get(sensor_index)
-        if name is None or not len(ts_ns):
+        kind = SUB_SENSOR_INDEX.get(sensor_index)
+        if (name is None and (kind is None or self.subticks is None)) or not len(ts_ns):
             return
         ts = np.asarray(ts_ns, np.int64)
         if correction is not None:
             ts, _ = to_utc(ts, np.array([len(ts)], np.int64), [(0, correction)])
-        self.spikes.add(node, gpu, name, ts, np.asarray(values, np.float64))
+        vs = np.asarray(values, np.float64)
+        if name is not None:
+            self.spikes.add(node, gpu, name, ts, vs)
+        if kind is not None and self.subticks is not None:
+            self.subticks.add(node, gpu, kind, ts, vs)
 
     def enrich(self, batch: FrameBatch) -> FrameBatch:
         if not len(batch):
@@ -100,10 +112,26 @@ class Enricher:
             peaks[peak_column(name)] = col
         d = derive(batch, self._pricing, self.grid_ns, self.idle, peaks)
         batch.derived, batch.notes = d.columns, d.notes
+        if self.subticks is not None:
+            batch.sub_fpw = self._profiles(batch, ticks)
         # Ticks release their series as they close; this drops series of nodes that went away.
         # The slack spares nodes whose ticks close later than this batch's (held, lagging).
         self.spikes.evict_before(int(batch.tick_ns.min()) - EVICT_SLACK_NS)
+        if self.subticks is not None:
+            self.subticks.evict_before(int(batch.tick_ns.min()) - EVICT_SLACK_NS)
         return batch
+
+    def _profiles(self, batch: FrameBatch, ticks: list[int]) -> list[tuple[float | None, ...]]:
+        st = self.subticks
+        assert st is not None
+        tensor, sm = batch.values["tensor_active"].tolist(), batch.values["sm_active"].tolist()
+        power, fpw = batch.values["power"].tolist(), batch.derived["flops_per_watt"].tolist()
+        out = []
+        for i, (node, gpu, tick) in enumerate(zip(batch.node, batch.gpu, ticks, strict=True)):
+            activity = tensor[i] if tensor[i] == tensor[i] else sm[i]
+            out.append(st.profile(node, gpu, tick, fpw[i], activity, power[i]))
+            st.release(node, gpu, tick)  # a node's ticks close in order
+        return out
 
 
 class TappedAligner(GridAligner):
@@ -117,5 +145,5 @@ class TappedAligner(GridAligner):
             labels: Labels | None = None, source: Hashable = None, position: int = 0,
             correction: Correction | None = None) -> None:
         super().add(node, gpu, sensor_index, ts_ns, values, labels, source, position, correction)
-        if sensor_index in SPIKE_SENSOR_INDEX:
+        if sensor_index in TAPPED:
             self._enricher.tap(node, gpu, sensor_index, ts_ns, values, correction)

@@ -160,6 +160,37 @@ def test_frames_get_derived_columns_and_the_spike_engine_sees_the_raw_samples() 
     assert batch.column("cost_usd")[0] > 0 and batch.notes == ["", ""]
     p99 = batch.column("gpu_util_p99").tolist()
     assert p99[0] == 50.0 and p99[1] > 95.0
+    # Each frame's FLOPS/W in 100 ms buckets, from the same raw samples: flat here, at the frame's own.
+    assert [len(p) for p in batch.sub_fpw] == [10, 10]
+    assert all(x == pytest.approx(494.75e12 / 400.0) for p in batch.sub_fpw for x in p)
+
+
+def test_a_drop_inside_a_tick_shows_in_its_sub_tick_profile() -> None:
+    from agents.ingest.pricebook_file import PriceBookFile
+    from streams.efficiency.enrich import Enricher
+
+    store = FrameStore(cast(Backend, None))
+    clock = ManualClock(wall_ns=T0 + 2 * S, mono_ns=0)
+    enricher = Enricher(PriceBookFile(None, clock).current, SETTINGS.align_params().grid_ns)
+    core = IngestCore(SETTINGS, store, Letters(), clock, enricher)
+    core.assign([TopicPartition(t, 0) for t in TOPICS.inputs], Progress(Recovered()))
+    tensor = TOPICS.sensor(2)
+    work = [0.5] * 7 + [0.375] * 3  # 25% less tensor work from 700 ms on, the same power
+
+    def h100(r: ConsumerRecord[bytes, bytes]) -> ConsumerRecord[bytes, bytes]:
+        raw = orjson.dumps({**orjson.loads(r.value or b""), "labels": {"gpu_model": "H100"}})
+        return ConsumerRecord(r.topic, 0, r.offset, 0, 0, r.key, raw, None, 1, len(raw), [])
+
+    core.handle({TopicPartition(POWER, 0): [rec(POWER, i, i * 0.1 + 0.05, 400.0) for i in range(10)],
+                 TopicPartition(tensor, 0): [h100(rec(tensor, i, i * 0.1 + 0.05, w)) for i, w in enumerate(work)]})
+    core.advance(quiet_all(0))
+    clock.advance(5 * S)
+    core.advance(quiet_all(5 * S))
+    [batch] = store.detach().batches
+    profile = [x for x in batch.sub_fpw[0] if x is not None]
+    fpw = batch.column("flops_per_watt").tolist()[0]
+    assert len(profile) == 10 and sum(profile) / 10 == pytest.approx(fpw)  # the profile's mean is the frame
+    assert profile[:7] == pytest.approx([fpw * 0.5 / 0.4625] * 7) and profile[7:] == pytest.approx([fpw * 0.375 / 0.4625] * 3)
 
 
 def test_pod_records_of_the_kubernetes_collector_label_the_frames() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from streams.detect.drift import DriftEvent, EfficiencyDrift
@@ -151,3 +152,58 @@ def test_memory_stays_bounded_under_a_load_that_never_settles(grid_ns: int) -> N
 def test_the_load_parameters_are_validated(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="load_"):
         DriftParams(**bad)  # type: ignore[arg-type]
+
+
+def profiled(grid_ns: int, seconds: float, onset_s: float, length_s: float, depth: float, noise: float, seed: int,
+             buckets: int = 10) -> tuple[list[int], list[float], list[tuple[float | None, ...]]]:
+    """Ticks of a steady FLOPS/W with a drop in continuous time, each tick the mean of its profile's buckets."""
+    rng = np.random.default_rng(seed)
+    n, step = int(seconds * S) // grid_ns, grid_ns // buckets
+    tb = np.arange(n * buckets, dtype=np.int64) * step
+    lo, hi = int(onset_s * S), int((onset_s + length_s) * S)
+    cov = np.clip(np.minimum(tb + step, hi) - np.maximum(tb, lo), 0, step) / step
+    vb = (4e10 * (1 - depth * cov) * (1 + rng.normal(0.0, noise * np.sqrt(buckets), n * buckets))).reshape(n, buckets)
+    return (np.arange(n, dtype=np.int64) * grid_ns).tolist(), vb.mean(axis=1).tolist(), [tuple(r) for r in vb.tolist()]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_with_sub_tick_profiles_the_hold_is_timed_to_the_bucket(seed: int) -> None:
+    """On a 1 s grid a tick-level rule can say "3 s" only at the end of the tick that completes them (3-4 s
+    after the onset); the frames' 100 ms profiles time it to the bucket where 3 s from the first judged
+    tick's drop complete: 3.0-3.1 s after an onset early in its tick, up to ~3.5 s for one the rule cut."""
+    onset = 100.0 + np.random.default_rng(seed).uniform(0, 1)
+    t, v, subs = profiled(S, 140, onset, 20.0, 0.25, 0.01, seed)
+    d = EfficiencyDrift(DriftParams(), S)
+    ev = [e for ti, vi, si in zip(t, v, subs, strict=True) for e in d.update(ti, vi, "job", sub=si)]
+    plain = play(S, t, v, None)
+    assert [e.state for e in ev] == [e.state for e in plain] == ["firing", "resolved"]
+    f = ev[0]
+    assert f.onset_ns == plain[0].onset_ns and f.tick_ns == plain[0].tick_ns  # the same rule, the same ids
+    assert 3.0 <= ((f.at_ns or f.tick_ns + S) - onset * S) / S <= 3.5  # the bar; 3.0-3.1 when the onset is early in a tick
+    assert plain[0].at_ns is None and (plain[0].tick_ns + S - onset * S) / S >= 3.0
+
+
+def test_a_profile_that_contradicts_the_hold_leaves_the_tick_end() -> None:
+    """The confirming tick's buckets before the 3 s mark are not low: no sub-tick time is claimed."""
+    t, v, subs = profiled(S, 140, 100.5, 20.0, 0.25, 0.005, 1)
+    k = 103  # the tick in which onset + 3 s falls
+    subs[k] = tuple(4e10 for _ in range(10))  # its profile says the GPU was back at full efficiency
+    d = EfficiencyDrift(DriftParams(), S)
+    ev = [e for ti, vi, si in zip(t, v, subs, strict=True) for e in d.update(ti, vi, "job", sub=si)]
+    firing = [e for e in ev if e.state == "firing"]
+    assert firing and all(e.at_ns is None or e.at_ns - firing[0].onset_ns >= 3 * S for e in firing)
+    if firing[0].tick_ns == k * S:
+        assert firing[0].at_ns is None
+
+
+def test_snapshot_restore_with_profiles_gives_identical_events() -> None:
+    t, v, subs = profiled(S, 140, 100.37, 20.0, 0.25, 0.01, 4)
+    whole = EfficiencyDrift(DriftParams(), S)
+    want = [e for ti, vi, si in zip(t, v, subs, strict=True) for e in whole.update(ti, vi, "job", sub=si)]
+    for cut in (101, 102, 103):
+        d = EfficiencyDrift(DriftParams(), S)
+        got = [e for ti, vi, si in zip(t[:cut], v[:cut], subs[:cut], strict=True) for e in d.update(ti, vi, "job", sub=si)]
+        again = EfficiencyDrift.restore(DriftParams(), S, json.loads(json.dumps(d.snapshot())))
+        got += [e for ti, vi, si in zip(t[cut:], v[cut:], subs[cut:], strict=True)
+                for e in again.update(ti, vi, "job", sub=si)]
+        assert got == want, cut

@@ -13,6 +13,8 @@ from agents.sinks.frames_out import encode_batch
 from schemas.frame_messages import (
     FRAME_SCHEMA_PATH,
     FrameDecodeError,
+    FrameMessage,
+    GpuFrame,
     decode_frame_message,
     encode_frame_message,
     frame_id,
@@ -113,3 +115,18 @@ def test_integers_and_nulls_decode_as_the_numbers_they_are() -> None:
     assert type(got.values["power"]) is float and got.values["power"] == 512.0
     assert got.derived["tflops"] is None and type(got.derived["energy_j"]) is float
     assert got.labels["rank"] == 3
+
+
+def test_a_sub_tick_profile_round_trips_and_is_optional() -> None:
+    g = GpuFrame("0", {}, {"power": 400.0}, {"flops_per_watt": 1.2e12}, "", fpw_sub=(1.3e12, None, 1.1e12))
+    m = FrameMessage("n", 1_796_200_344_000_000_000, 1_000_000_000, (g,))
+    raw = encode_frame_message(m)
+    assert decode_frame_message(raw) == m and orjson.loads(raw)["gpus"][0]["fpw_sub"] == [1.3e12, None, 1.1e12]
+    jsonschema.validate(orjson.loads(raw), frame_schema())
+    plain = FrameMessage("n", m.tick_ns, m.grid_ns, (GpuFrame("0", {}, {"power": 400.0}, {}, ""),))
+    assert "fpw_sub" not in orjson.loads(encode_frame_message(plain))["gpus"][0]  # no profile: no key, as before
+    doc = orjson.loads(raw)
+    for bad in ("x", [True], ["1"], [1.0] * 601):
+        doc["gpus"][0]["fpw_sub"] = bad
+        with pytest.raises(FrameDecodeError, match="fpw_sub"):
+            decode_frame_message(orjson.dumps(doc))
