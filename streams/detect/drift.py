@@ -201,20 +201,19 @@ class EfficiencyDrift:
         n, step = len(cur), self.grid_ns // len(cur)
         # From the first judged tick only: an onset found in the tick before (which the rule cut as noise)
         # would put the hold's end before the tick that confirmed it, which the rule did not judge enough.
-        seq, start = first, onset_ns
         mid = base * (1 - depth / 2)
-        best, j, acc = 0.0, len(seq), 0.0
-        for i in range(len(seq) - 1, -1, -1):
-            x = seq[i]
+        best, j, acc = 0.0, n, 0.0
+        for i in range(n - 1, -1, -1):
+            x = first[i]
             acc += 0.0 if x is None else mid - x
             if acc >= best and x is not None:
                 best, j = acc, i
-        if j == len(seq):
+        if j == n:
             return None
         # The onset bucket is partly dropped as much as its value says (as the rule reads a partial tick).
-        x, level = seq[j], base * (1 - depth)
+        x, level = first[j], base * (1 - depth)
         f = 1.0 if x is None or base <= level else min(max((base - x) / (base - level), 0.0), 1.0)
-        at = start + j * step + round(step * (1 - f)) + self.params.hold_ns
+        at = onset_ns + j * step + round(step * (1 - f)) + self.params.hold_ns
         if not tick_ns <= at <= tick_ns + self.grid_ns:
             return None
         k = min((at - tick_ns) // step + 1, n)  # the end of the bucket the estimate falls in: never early

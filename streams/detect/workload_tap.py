@@ -45,7 +45,8 @@ class _Acc:
     qps: list[float] = field(default_factory=list)
     power: list[float] = field(default_factory=list)
     spike: bool = False
-    drift: list[DriftDetail] = field(default_factory=list)
+    drift: list[str] = field(default_factory=list)  # the GPUs with a drift open
+    details: list[DriftDetail] = field(default_factory=list)  # the figures of those the caller gave
 
 
 class WorkloadTap:
@@ -73,7 +74,9 @@ class WorkloadTap:
             if acc is None:
                 acc = accs[key] = _Acc(str(g.labels.get("class") or DEFAULT_CLASS))
             if g.gpu in drift:
-                acc.drift.append(drift[g.gpu] or DriftDetail(g.gpu, math.nan, math.nan, None))
+                acc.drift.append(g.gpu)
+                if (detail := drift[g.gpu]) is not None:
+                    acc.details.append(detail)
             self._add(acc, g)
         out = [self._sample(m, key, acc) for key, acc in sorted(accs.items())]
         before = self._held.pop(m.node, {})
@@ -114,9 +117,8 @@ class WorkloadTap:
         return WorkloadSample(key[0], key[1], a.workload_class, m.node, m.tick_ns, m.grid_ns, a.gpus,
                               tuple(sorted(a.pods)), _mean(a.sm), _mean(a.pcie), max(a.nccl, default=None),
                               max(a.latency, default=None), sum(a.qps) if a.qps else None, a.spike,
-                              tuple(sorted(d.gpu for d in a.drift)), power_w=_mean(a.power),
-                              drift_detail=tuple(d for d in sorted(a.drift, key=lambda d: d.gpu)
-                                                 if math.isfinite(d.value)))
+                              tuple(sorted(a.drift)), power_w=_mean(a.power),
+                              drift_detail=tuple(sorted(a.details, key=lambda d: d.gpu)))
 
 
 def _mean(xs: list[float]) -> float | None:
