@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from streams.align.aligner import AlignParams
-from streams.decide.params import DecideParams, PolicyError, parse_decide_policy
+from streams.decide.params import DecideParams, parse_decide_policy
 from streams.detect.detectors import DetectParams
 from streams.detect.drift_params import DriftParams
 from streams.detect.spike_rule import SPIKE_THRESHOLDS
+from streams.policy.tables import PolicyError
 
 ENV_PREFIX = "FLOPWATCH_"
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]

@@ -26,18 +26,16 @@ policy.toml: [rules] has no key 'qps_upp' (known: ch
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
+from streams.policy.tables import PolicyError, build_section, check_keys
+from streams.policy.tables import table as as_table
+
 Qos = Literal["guaranteed", "burstable", "best_effort"]
 QOS: Final[tuple[str, ...]] = get_args(Qos)
 S: Final = 1_000_000_000
-
-
-class PolicyError(ValueError):
-    """A policy file that cannot be used; the text names the file and the key."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,14 +124,14 @@ class DecideParams:
 
 def parse_decide_policy(obj: Mapping[str, Any], source: str) -> DecideParams:
     """Build ``DecideParams`` from a parsed TOML document; ``source`` names it in errors."""
-    _keys(obj, {"rules", "classes", "namespaces", "default_namespace"}, source, "top level")
+    check_keys(obj, {"rules", "classes", "namespaces", "default_namespace"}, source, "top level")
     rules = _build(Rules, obj.get("rules", {}), source, "[rules]")
     classes = dict(_default_classes())
-    for name, table in _table(obj.get("classes", {}), source, "[classes]").items():
+    for name, tab in as_table(obj.get("classes", {}), source, "[classes]").items():
         base = classes.get(name, ClassPolicy())
-        classes[name] = _build(ClassPolicy, table, source, f"[classes.{name}]", base)
+        classes[name] = _build(ClassPolicy, tab, source, f"[classes.{name}]", base)
     spaces = {name: _build(NamespacePolicy, t, source, f"[namespaces.{name}]")
-              for name, t in _table(obj.get("namespaces", {}), source, "[namespaces]").items()}
+              for name, t in as_table(obj.get("namespaces", {}), source, "[namespaces]").items()}
     default_ns = _build(NamespacePolicy, obj.get("default_namespace", {}), source, "[default_namespace]")
     for where, ns in [("[default_namespace]", default_ns), *((f"[namespaces.{n}]", v) for n, v in spaces.items())]:
         if not 0 <= ns.min_replicas <= ns.max_replicas:
@@ -141,18 +139,6 @@ def parse_decide_policy(obj: Mapping[str, Any], source: str) -> DecideParams:
         if ns.qos not in QOS:
             raise PolicyError(f"{source}: {where} qos must be one of {', '.join(QOS)}, got {ns.qos!r}")
     return DecideParams(rules, classes, spaces, default_ns)
-
-
-def _table(obj: Any, source: str, where: str) -> Mapping[str, Any]:
-    if not isinstance(obj, Mapping):
-        raise PolicyError(f"{source}: {where} must be a table")
-    return obj
-
-
-def _keys(obj: Mapping[str, Any], known: set[str], source: str, where: str) -> None:
-    for k in obj:
-        if k not in known:
-            raise PolicyError(f"{source}: {where} has no key {k!r} (known: {', '.join(sorted(known))})")
 
 
 # Divisors and windows: zero would divide by zero or make a rule hold on nothing.
@@ -163,26 +149,4 @@ _POSITIVE: Final = frozenset({
 
 
 def _build(cls: Any, obj: Any, source: str, where: str, base: Any = None) -> Any:
-    table = _table(obj, source, where)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    _keys(table, set(fields), source, where)
-    base = base if base is not None else cls()
-    values: dict[str, Any] = {}
-    for k, v in table.items():
-        want = type(getattr(base, k))
-        if getattr(base, k) is None or want is float:
-            if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
-                raise PolicyError(f"{source}: {where} {k} must be a non-negative number, got {v!r}")
-            v = float(v)
-        elif want is int:
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise PolicyError(f"{source}: {where} {k} must be a non-negative integer, got {v!r}")
-        elif want is bool:
-            if not isinstance(v, bool):
-                raise PolicyError(f"{source}: {where} {k} must be true or false, got {v!r}")
-        elif not isinstance(v, want):
-            raise PolicyError(f"{source}: {where} {k} must be a {want.__name__}, got {v!r}")
-        if k in _POSITIVE and v == 0:
-            raise PolicyError(f"{source}: {where} {k} must be greater than 0")
-        values[k] = v
-    return dataclasses.replace(base, **values)
+    return build_section(cls, obj, source, where, base, _POSITIVE)

@@ -13,6 +13,11 @@ Rules:
   value does not move the baseline) when its clock correction is more uncertain than
   ``max_uncertainty_us``. The workload context is namespace/workload/pod/precision: when
   it changes, the baseline is learnt again and nothing fires meanwhile.
+- the seven leak and trap rules of ``streams.leaks`` (``idle_allocated``, ``pipeline_stall``,
+  ``batching_collapse``, ``nccl_retransmit_storm``, ``nccl_slow_allreduce``,
+  ``memory_fragmentation`` per GPU; ``checkpoint_io_storm`` per node, on its ``"host"``), each
+  with the money it burns in ``evidence.cost_usd_per_h``. When a GPU's workload changes, its
+  open leak episodes resolve and the detectors learn again.
 - ``util_spike`` / ``sm_spike`` (per GPU): the L1 engine's sliding-window P99 of
   gpu_util / sm_active within the tick (``gpu_util_p99`` / ``sm_active_p99``, computed by
   the ingest from the sub-second samples) above its threshold. It fires once per episode
@@ -55,6 +60,10 @@ from streams.detect.spike_rule import (
     spike_flags,
     tick_peaks,
 )
+from streams.leaks.bank import LeakBank
+from streams.leaks.episode import LeakEvent
+from streams.leaks.params import RULES as LEAK_RULES
+from streams.leaks.params import LeakParams
 
 DRIFT_RULE: Final = "efficiency_drift"
 
@@ -66,8 +75,10 @@ class DetectParams:
     spike: SpikeParams = field(default_factory=SpikeParams)  # how the ingest measured the peaks (alert evidence)
     max_uncertainty_us: float = 100_000.0  # a frame timed worse than this does not teach the baseline
     drift_severity: Severity = "warning"
+    leak_severity: Severity = "warning"
     spike_severity: Severity = "info"
     max_nodes: int = 100_000
+    leaks: LeakParams = field(default_factory=LeakParams)
 
 
 @dataclass(slots=True)
@@ -99,6 +110,7 @@ class Detectors:
         self.grid_ns = grid_ns
         self.drift = DriftBank(params.drift, grid_ns, max_entities=params.max_nodes * 16)
         self._last_tick: OrderedDict[str, int] = OrderedDict()
+        self.leaks = LeakBank(params.leaks, grid_ns, max_entities=params.max_nodes * 16)
         self._open: dict[tuple[str, str, str], Alert] = {}  # (rule, node, gpu) -> its firing message
         self.stats = AlertTally()
 
@@ -117,6 +129,7 @@ class Detectors:
                 continue
             out += self._spikes(m, g)
             out += self._drift(m, g)
+        out += self._leaks(m)
         self.stats.count(out)
         return out
 
@@ -155,6 +168,43 @@ class Detectors:
                 del self._open[key]
                 out.append(open_.resolved(end, value=peak if peak is not None else open_.value))
         return out
+
+    def _leaks(self, m: FrameMessage) -> list[Alert]:
+        res = self.leaks.on_message(m)
+        if not res.events and not res.reset:
+            return []
+        out = []
+        end = m.tick_ns + self.grid_ns
+        for gpu in res.reset:  # a new workload: what the old one leaked has ended
+            for rule in LEAK_RULES:
+                open_ = self._open.pop((rule, m.node, gpu), None)
+                if open_ is not None:
+                    out.append(open_.resolved(max(end, open_.ts_ns)))
+        frames = {g.gpu: g for g in m.gpus}
+        for gpu, ev in res.events:
+            g = frames.get(gpu)
+            if gpu == "host":  # a node's leak: the labels of its first GPU that has a workload
+                g = next((f for f in m.gpus if f.gpu != "host" and _label(f, "workload")), g)
+            out.append(self._leak_alert(m, gpu, g, ev))
+        return out
+
+    def _leak_alert(self, m: FrameMessage, gpu: str, g: GpuFrame | None, ev: LeakEvent) -> Alert:
+        key = (ev.rule, m.node, gpu)
+        end = ev.tick_ns + self.grid_ns
+        workload = _label(g, "workload") if g is not None else None
+        namespace = _label(g, "namespace") if g is not None else None
+        if ev.state == "firing":
+            a = make_alert(ev.rule, self.params.leak_severity, m.node, gpu, value=ev.value, threshold=ev.threshold,
+                           onset_ts_ns=ev.onset_ns, ts_ns=end, baseline=ev.baseline, workload=workload,
+                           namespace=namespace, evidence=ev.evidence)
+            self._open[key] = a
+            return a
+        firing = self._open.pop(key, None)
+        if firing is None:
+            firing = make_alert(ev.rule, self.params.leak_severity, m.node, gpu, value=ev.value,
+                                threshold=ev.threshold, onset_ts_ns=ev.onset_ns, ts_ns=end, baseline=ev.baseline,
+                                workload=workload, namespace=namespace)
+        return firing.resolved(max(end, firing.ts_ns), value=ev.value, evidence=ev.evidence)
 
     def _drift(self, m: FrameMessage, g: GpuFrame) -> list[Alert]:
         value = g.derived.get("flops_per_watt")

@@ -15,11 +15,11 @@ from streams.decide.params import (
     ClassPolicy,
     DecideParams,
     NamespacePolicy,
-    PolicyError,
     Rules,
     parse_decide_policy,
 )
 from streams.decide.rules import Decision
+from streams.policy.tables import PolicyError
 
 S = 1_000_000_000
 T0 = 1_796_200_000 * S

@@ -1,0 +1,122 @@
+"""The leak detectors of the nodes one detection agent sees, per GPU and per node, bounded in number.
+
+``LeakBank.on_message`` takes one node's frames for one tick and returns what the leak
+detectors made of them: their events per GPU (the node's ``"host"`` for checkpoint storms),
+and which GPUs' workload changed (their baselines start again, their open episodes end).
+
+>>> from schemas.frame_messages import FrameMessage, GpuFrame
+>>> S = 1_000_000_000
+>>> bank = LeakBank(LeakParams(), grid_ns=S)
+>>> idle = GpuFrame("0", {"pod": "p"}, {"gpu_util": 0.0}, {"idle": 1.0}, "")
+>>> out = [bank.on_message(FrameMessage("n", t * S, S, (idle,))) for t in range(601)]
+>>> [(t, ev.rule) for t, res in enumerate(out) for _, ev in res.events]
+[(599, 'idle_allocated')]
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from schemas.catalog import HOST_GPU
+from schemas.frame_messages import FrameMessage, GpuFrame
+from schemas.gpus import spec_for
+from streams.leaks.checkpoint import CheckpointStorm
+from streams.leaks.episode import LeakEvent, price_per_h, value
+from streams.leaks.idle import IdleAllocated
+from streams.leaks.memory import Fragmentation
+from streams.leaks.nccl import RetransmitStorm, SlowAllreduce
+from streams.leaks.params import LeakParams
+from streams.leaks.pipeline import PipelineStall
+from streams.leaks.serving import BatchingCollapse
+
+
+class GpuDetector(Protocol):
+    rule: str
+
+    def update(self, t_ns: int, g: GpuFrame) -> LeakEvent | None: ...
+
+
+@dataclass(slots=True)
+class LeakResult:
+    events: list[tuple[str, LeakEvent]] = field(default_factory=list)  # (gpu, event)
+    reset: list[str] = field(default_factory=list)  # GPUs whose workload changed before this tick's events
+
+
+@dataclass(slots=True)
+class _Gpu:
+    context: str
+    detectors: list[GpuDetector]
+
+
+class LeakBank:
+    def __init__(self, params: LeakParams, grid_ns: int, max_entities: int = 1_600_000) -> None:
+        self.params, self.grid_ns, self.max_entities = params, grid_ns, max_entities
+        self._gpus: OrderedDict[tuple[str, str], _Gpu] = OrderedDict()
+        self._nodes: OrderedDict[str, CheckpointStorm] = OrderedDict()
+
+    def on_message(self, m: FrameMessage) -> LeakResult:
+        out = LeakResult()
+        for g in m.gpus:
+            if g.gpu == HOST_GPU:
+                continue
+            key = (m.node, g.gpu)
+            ctx = _context(g)
+            st = self._gpus.get(key)
+            if st is None or st.context != ctx:
+                if st is not None:
+                    out.reset.append(g.gpu)
+                st = self._gpus[key] = _Gpu(ctx, self._detectors(g))
+                if len(self._gpus) > self.max_entities:
+                    self._gpus.popitem(last=False)
+            self._gpus.move_to_end(key)
+            for d in st.detectors:
+                ev = d.update(m.tick_ns, g)
+                if ev is not None:
+                    out.events.append((g.gpu, ev))
+        if self.params.checkpoint_io_storm.enabled:
+            ev = self._node(m)
+            if ev is not None:
+                out.events.append((HOST_GPU, ev))
+        return out
+
+    def _detectors(self, g: GpuFrame) -> list[GpuDetector]:
+        p, grid = self.params, self.grid_ns
+        spec = spec_for(str(g.labels.get("gpu_model") or ""))
+        memory_mib = spec.memory_gib * 1024.0 if spec is not None else None
+        made: list[tuple[bool, GpuDetector]] = [
+            (p.idle_allocated.enabled, IdleAllocated(p.idle_allocated, grid)),
+            (p.pipeline_stall.enabled, PipelineStall(p.pipeline_stall, grid)),
+            (p.batching_collapse.enabled, BatchingCollapse(p.batching_collapse, grid)),
+            (p.nccl_retransmit_storm.enabled, RetransmitStorm(p.nccl_retransmit_storm, grid)),
+            (p.nccl_slow_allreduce.enabled, SlowAllreduce(p.nccl_slow_allreduce, grid)),
+            (p.memory_fragmentation.enabled, Fragmentation(p.memory_fragmentation, grid, memory_mib)),
+        ]
+        return [d for on, d in made if on]
+
+    def _node(self, m: FrameMessage) -> LeakEvent | None:
+        host = next((g for g in m.gpus if g.gpu == HOST_GPU), None)
+        gpus = [g for g in m.gpus if g.gpu != HOST_GPU]
+        det = self._nodes.get(m.node)
+        if det is None:
+            if host is None:
+                return None
+            det = self._nodes[m.node] = CheckpointStorm(self.params.checkpoint_io_storm, self.grid_ns)
+            if len(self._nodes) > self.max_entities:
+                self._nodes.popitem(last=False)
+        self._nodes.move_to_end(m.node)
+        disk = value(host, "disk_write") if host is not None else None
+        utils = [u for g in gpus if (u := value(g, "gpu_util")) is not None]
+        states = [value(g, "torch_allocated") for g in gpus]
+        prices = [p for g in gpus if (p := price_per_h(g, self.grid_ns)) is not None]
+        state = math.fsum(s for s in states if s is not None) if states and None not in states else None
+        return det.update(m.tick_ns, disk, sum(utils) / len(utils) if utils else None, state,
+                          math.fsum(prices) if prices else None)
+
+
+def _context(g: GpuFrame) -> str:
+    lab = g.labels
+    return "/".join(str(lab.get(k, "")) for k in ("namespace", "workload", "pod"))
+

@@ -1,0 +1,136 @@
+"""NCCL's two traps (seed 000 §2.2), each against the workload's own history on this GPU.
+
+``nccl_retransmit_storm``: the retransmits of the last ``window_s`` (the ``nccl_retries``
+counter's increase per tick) against the rate of ``baseline_s`` of clean history: at least
+``factor`` times as many, at least ``min_count``, and a Poisson tail (``scipy.stats.poisson``)
+below ``max_p``, so a training job's usual bursts of retries do not fire.
+
+``nccl_slow_allreduce``: the median over ``window_s`` of the ticks' mean AllReduce time at
+least ``factor`` times its clean median and ``min_excess_ms`` above it, for ``hold_s``. A single
+slow collective moves one tick, not the median.
+
+>>> from schemas.frame_messages import GpuFrame
+>>> d = RetransmitStorm(RetransmitParams(learn_s=60, window_s=10), grid_ns=S)
+>>> def f(retries):
+...     return GpuFrame("0", {}, {"nccl_retries": retries, "gpu_util": 80.0}, {}, "")
+>>> [d.update(t * S, f(0.3)) for t in range(100)].count(None)
+100
+>>> [(t, e.state) for t in range(100, 140) if (e := d.update(t * S, f(2.4)))]
+[(119, 'firing')]
+"""
+
+from __future__ import annotations
+
+from scipy.stats import poisson
+
+from schemas.frame_messages import GpuFrame
+from streams.leaks.episode import Episode, LeakEvent, S, burn, price_per_h, util_drop, value
+from streams.leaks.params import RetransmitParams, SlowAllreduceParams
+from streams.leaks.windows import Recent, Slots
+
+STORM_RULE = "nccl_retransmit_storm"
+SLOW_RULE = "nccl_slow_allreduce"
+_SLOT_NS = 10 * S
+
+
+class RetransmitStorm:
+    rule = STORM_RULE
+
+    def __init__(self, params: RetransmitParams, grid_ns: int) -> None:
+        self.p, self.grid_ns = params, grid_ns
+        self.ep = Episode(int(params.hold_s * S), int(params.clear_s * S))
+        self._now = Recent(int(params.window_s * S))
+        self._base = Slots(_SLOT_NS, int(params.baseline_s * S))  # retries per tick, as slot means
+        self._base_util = Slots(_SLOT_NS, int(params.baseline_s * S))
+        self._util = Recent(int(params.window_s * S))
+        self._price: float | None = None
+
+    def update(self, t_ns: int, g: GpuFrame) -> LeakEvent | None:
+        p = self.p
+        r = value(g, "nccl_retries")
+        if r is None:
+            return None
+        self._now.add(t_ns, r)
+        util = value(g, "gpu_util")
+        if util is not None:
+            self._util.add(t_ns, util)
+        self._price = price_per_h(g, self.grid_ns) or self._price
+        grid_s = self.grid_ns / S
+        base_rate = None
+        bad = False
+        k = self._now.total()
+        seconds = len(self._now) * grid_s
+        if self._base.covered_ns >= p.learn_s * S and self._now.covered_ns >= p.window_s * S / 2:
+            base_rate = max(float(sum(self._base.means())) / len(self._base.means()) / grid_s, p.min_base_per_s)
+            expected = base_rate * seconds
+            bad = k >= p.factor * expected and k >= p.min_count and float(poisson.sf(k - 1, expected)) < p.max_p
+        step = self.ep.step(t_ns, bad)
+        if not bad and not self.ep.firing and self.ep.pending_onset is None:
+            self._base.add(t_ns, r)
+            if util is not None:
+                self._base_util.add(t_ns, util)
+        if step is None:
+            return None
+        rate = k / seconds if seconds else 0.0
+        bu, nu = self._base_util.median(), self._util.mean()
+        return LeakEvent(STORM_RULE, "firing" if step == "fire" else "resolved", self.ep.last_onset_ns, t_ns,
+                         value=round(rate, 4), threshold=round(p.factor * (base_rate or p.min_base_per_s), 4),
+                         baseline=None if base_rate is None else round(base_rate, 4),
+                         evidence={"retries_per_s": round(rate, 4), "baseline_per_s": _r(base_rate),
+                                   "ratio": None if not base_rate else round(rate / base_rate, 2),
+                                   "retries_in_window": k, "window_s": p.window_s, "gpu_util": _r(nu),
+                                   "gpu_util_baseline": _r(bu), "cost_usd_per_h": burn(self._price, util_drop(bu, nu))})
+
+
+class SlowAllreduce:
+    rule = SLOW_RULE
+
+    def __init__(self, params: SlowAllreduceParams, grid_ns: int) -> None:
+        self.p, self.grid_ns = params, grid_ns
+        self.ep = Episode(int(params.hold_s * S), int(params.clear_s * S))
+        self._now = Recent(int(params.window_s * S))
+        self._base = Slots(_SLOT_NS, int(params.baseline_s * S))
+        self._base_med: float | None = None
+        self._util = Recent(int(params.window_s * S))
+        self._base_util = Slots(_SLOT_NS, int(params.baseline_s * S))
+        self._price: float | None = None
+
+    def update(self, t_ns: int, g: GpuFrame) -> LeakEvent | None:
+        p = self.p
+        ms = value(g, "nccl_allreduce_ms")
+        if ms is None:
+            return None
+        self._now.add(t_ns, ms)
+        util = value(g, "gpu_util")
+        if util is not None:
+            self._util.add(t_ns, util)
+        self._price = price_per_h(g, self.grid_ns) or self._price
+        now, base = self._now.median(), self._base_med
+        bad = False
+        if base is not None and now is not None and self._base.covered_ns >= p.learn_s * S \
+                and self._now.covered_ns >= p.window_s * S / 2:
+            bad = now >= p.factor * base and now - base >= p.min_excess_ms
+        step = self.ep.step(t_ns, bad)
+        if not bad and not self.ep.firing and self.ep.pending_onset is None:
+            if self._base.add(t_ns, ms):
+                self._base_med = self._base.median()
+            if util is not None:
+                self._base_util.add(t_ns, util)
+        if step is None:
+            return None
+        assert now is not None
+        bu, nu = self._base_util.median(), self._util.mean()
+        lost = util_drop(bu, nu)
+        return LeakEvent(SLOW_RULE, "firing" if step == "fire" else "resolved", self.ep.last_onset_ns, t_ns,
+                         value=round(now, 3), threshold=round(p.factor * (base or 0.0), 3),
+                         baseline=_r(base),
+                         evidence={"allreduce_ms": round(now, 3), "baseline_ms": _r(base),
+                                   "ratio": None if not base else round(now / base, 2),
+                                   "excess_ms": None if base is None else round(now - base, 3),
+                                   "window_s": p.window_s, "gpu_util": _r(nu), "gpu_util_baseline": _r(bu),
+                                   "gpu_s_lost_per_h": round(lost * 3600.0, 1),
+                                   "cost_usd_per_h": burn(self._price, lost)})
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(v, 4)

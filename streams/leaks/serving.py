@@ -1,0 +1,77 @@
+"""``batching_collapse`` (seed 000 §2.4): the queue grows while the GPU's utilisation collapses and latency climbs.
+
+Each series is compared with the GPU's own steady state: the median of 10 s slot means over
+``baseline_s`` of ticks that were not suspect. The window's medians must show all three at
+once: queue depth up ``queue_factor`` times (and by ``min_queue_rise``), utilisation down to
+``util_ratio`` of its baseline, latency up ``latency_factor`` times. A queue that grows with
+the load while the GPU keeps up (utilisation holds) is not a collapse.
+
+>>> from schemas.frame_messages import GpuFrame
+>>> d = BatchingCollapse(BatchingParams(learn_s=60, window_s=10, hold_s=5), grid_ns=S)
+>>> def f(q, u, lat):
+...     return GpuFrame("0", {}, {"queue_depth": q, "gpu_util": u, "request_latency_ms": lat}, {}, "")
+>>> [d.update(t * S, f(2, 78, 15)) for t in range(90)].count(None)
+90
+>>> [(t, e.state) for t in range(90, 130) if (e := d.update(t * S, f(43, 4, 310)))]
+[(99, 'firing')]
+"""
+
+from __future__ import annotations
+
+from schemas.frame_messages import GpuFrame
+from streams.leaks.episode import Episode, LeakEvent, S, burn, price_per_h, util_drop, value
+from streams.leaks.params import BatchingParams
+from streams.leaks.windows import Recent, Slots
+
+RULE = "batching_collapse"
+_SERIES = ("queue_depth", "gpu_util", "request_latency_ms")
+_SLOT_NS = 10 * S
+
+
+class BatchingCollapse:
+    rule = RULE
+
+    def __init__(self, params: BatchingParams, grid_ns: int) -> None:
+        self.p, self.grid_ns = params, grid_ns
+        self.ep = Episode(int(params.hold_s * S), int(params.clear_s * S))
+        self._now = {k: Recent(int(params.window_s * S)) for k in _SERIES}
+        self._base = {k: Slots(_SLOT_NS, int(params.baseline_s * S)) for k in _SERIES}
+        self._base_med: dict[str, float | None] = dict.fromkeys(_SERIES)
+        self._price: float | None = None
+
+    def update(self, t_ns: int, g: GpuFrame) -> LeakEvent | None:
+        p = self.p
+        row = [value(g, k) for k in _SERIES]
+        if any(v is None for v in row):
+            return None
+        q, u, lat = (float(v) for v in row if v is not None)
+        for k, v in zip(_SERIES, (q, u, lat), strict=True):
+            self._now[k].add(t_ns, v)
+        self._price = price_per_h(g, self.grid_ns) or self._price
+        bq, bu, blat = (self._base_med[k] for k in _SERIES)
+        nq, nu, nlat = (self._now[k].median() for k in _SERIES)
+        bad = False
+        if (bq is not None and bu is not None and blat is not None and nq is not None and nu is not None
+                and nlat is not None and self._base["gpu_util"].covered_ns >= p.learn_s * S
+                and bu >= p.min_base_util_pct):
+            bad = (nq >= max(p.queue_factor * bq, bq + p.min_queue_rise) and nu <= p.util_ratio * bu
+                   and nlat >= p.latency_factor * blat)
+        step = self.ep.step(t_ns, bad)
+        if not bad and not self.ep.firing and self.ep.pending_onset is None:
+            for k, v in zip(_SERIES, (q, u, lat), strict=True):
+                if self._base[k].add(t_ns, v):
+                    self._base_med[k] = self._base[k].median()
+        if step is None:
+            return None
+        assert nq is not None and nu is not None and nlat is not None and bu is not None
+        return LeakEvent(RULE, "firing" if step == "fire" else "resolved", self.ep.last_onset_ns, t_ns,
+                         value=round(nu, 3), threshold=round(p.util_ratio * bu, 3), baseline=round(bu, 3),
+                         evidence={"queue_depth": round(nq, 3), "queue_baseline": _r(bq),
+                                   "gpu_util": round(nu, 3), "gpu_util_baseline": round(bu, 3),
+                                   "request_latency_ms": round(nlat, 3), "latency_baseline_ms": _r(blat),
+                                   "window_s": p.window_s,
+                                   "cost_usd_per_h": burn(self._price, util_drop(bu, nu))})
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
