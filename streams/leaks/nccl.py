@@ -3,24 +3,28 @@
 ``nccl_retransmit_storm``: the retransmits of the last ``window_s`` (the ``nccl_retries``
 counter's increase per tick) against the rate of ``baseline_s`` of clean history: at least
 ``factor`` times as many, at least ``min_count``, and a Poisson tail (``scipy.stats.poisson``)
-below ``max_p``, so a training job's usual bursts of retries do not fire.
+below ``max_p`` once the counts are scaled by the baseline's dispersion (retries come in clusters),
+so a training job's usual bursts of retries do not fire.
 
 ``nccl_slow_allreduce``: the median over ``window_s`` of the ticks' mean AllReduce time at
 least ``factor`` times its clean median and ``min_excess_ms`` above it, for ``hold_s``. A single
 slow collective moves one tick, not the median.
 
 >>> from schemas.frame_messages import GpuFrame
->>> d = RetransmitStorm(RetransmitParams(learn_s=60, window_s=10), grid_ns=S)
+>>> d = RetransmitStorm(RetransmitParams(learn_s=60, window_s=20), grid_ns=S)
 >>> def f(retries):
 ...     return GpuFrame("0", {}, {"nccl_retries": retries, "gpu_util": 80.0}, {}, "")
 >>> [d.update(t * S, f(0.3)) for t in range(100)].count(None)
 100
 >>> [(t, e.state) for t in range(100, 140) if (e := d.update(t * S, f(2.4)))]
-[(119, 'firing')]
+[(126, 'firing')]
 """
 
 from __future__ import annotations
 
+from collections import deque
+
+import numpy as np
 from scipy.stats import poisson
 
 from schemas.frame_messages import GpuFrame
@@ -43,6 +47,7 @@ class RetransmitStorm:
         self._base = Slots(_SLOT_NS, int(params.baseline_s * S))  # retries per tick, as slot means
         self._base_util = Slots(_SLOT_NS, int(params.baseline_s * S))
         self._util = Recent(int(params.window_s * S))
+        self._pending: deque[tuple[int, float, float | None]] = deque()
         self._price: float | None = None
 
     def update(self, t_ns: int, g: GpuFrame) -> LeakEvent | None:
@@ -61,14 +66,26 @@ class RetransmitStorm:
         k = self._now.total()
         seconds = len(self._now) * grid_s
         if self._base.covered_ns >= p.learn_s * S and self._now.covered_ns >= p.window_s * S / 2:
-            base_rate = max(float(sum(self._base.means())) / len(self._base.means()) / grid_s, p.min_base_per_s)
+            means = np.asarray(self._base.means())
+            base_rate = max(float(means.mean()) / grid_s, p.min_base_per_s)
             expected = base_rate * seconds
-            bad = k >= p.factor * expected and k >= p.min_count and float(poisson.sf(k - 1, expected)) < p.max_p
+            # Retries come in clusters (a slow collective retries several times): a quasi-Poisson test, the
+            # counts scaled by the baseline's dispersion (variance over mean of its 10 s slot counts).
+            per_slot = _SLOT_NS / self.grid_ns
+            dispersion = max(1.0, float(means.var()) * per_slot / float(means.mean())) if means.mean() > 0 else 1.0
+            bad = (k >= p.factor * expected and k >= p.min_count
+                   and float(poisson.sf(k / dispersion - 1, expected / dispersion)) < p.max_p)
         step = self.ep.step(t_ns, bad)
-        if not bad and not self.ep.firing and self.ep.pending_onset is None:
-            self._base.add(t_ns, r)
-            if util is not None:
-                self._base_util.add(t_ns, util)
+        # A tick teaches the baseline once it has left the window unjudged: the first ticks of a storm,
+        # before the window's count crosses the bar, must not raise the baseline they are judged by.
+        self._pending.append((t_ns, r, util))
+        if bad or self.ep.firing or self.ep.pending_onset is not None:
+            self._pending.clear()
+        while self._pending and self._pending[0][0] <= t_ns - p.window_s * S:
+            t0, r0, u0 = self._pending.popleft()
+            self._base.add(t0, r0)
+            if u0 is not None:
+                self._base_util.add(t0, u0)
         if step is None:
             return None
         rate = k / seconds if seconds else 0.0
