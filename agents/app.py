@@ -160,10 +160,12 @@ def detect_runtime(settings: Settings, app: faust.App, ingestor: Ingestor, metri
                               ClickHouseRows("detections", detection_columns, ingestor.on_clickhouse),
                               AlertDelays(metrics)]
     summaries = KafkaSummarySink(app.flopwatch_topics[names.workloads]) if settings.decide else None  # type: ignore[attr-defined]
-    return DetectRuntime(settings.detect_params(), settings.align_params().grid_ns,
+    params = settings.detect_params()
+    # The leak rules' windows are longer than the drift rule's: the rebuild replays enough for both.
+    return DetectRuntime(params, settings.align_params().grid_ns,
                          KafkaFrameHistory(settings, names.frames, names.alerts), sinks,
                          DeadLetter(SampleProducer(settings), names.dlq), names.frames,
-                         replay_s=settings.detect_replay_s, summaries=summaries,
+                         replay_s=max(settings.detect_replay_s, params.leaks.history_s()), summaries=summaries,
                          link_bytes_s=link_capacity(settings))
 
 

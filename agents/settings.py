@@ -11,16 +11,17 @@ import math
 import os
 import tomllib
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 from streams.align.aligner import AlignParams
 from streams.decide.params import DecideParams, parse_decide_policy
 from streams.detect.detectors import DetectParams
 from streams.detect.drift_params import DriftParams
 from streams.detect.spike_rule import SPIKE_THRESHOLDS
+from streams.leaks.params import LeakParams, parse_leak_policy
 from streams.policy.tables import PolicyError
 
 ENV_PREFIX = "FLOPWATCH_"
@@ -157,8 +158,8 @@ class Settings:
     spike_sm_active: float = SPIKE_THRESHOLDS["sm_active"]
     """L1 spike rule: sliding-window P99 of sm_active above this (ratio); FLOPWATCH_SPIKE_SM_ACTIVE."""
     detect_replay_s: float = 180.0
-    """Frames replayed (event time) to rebuild detector state after a restart or rebalance;
-    FLOPWATCH_DETECT_REPLAY_S."""
+    """Frames replayed (event time) to rebuild detector state after a restart or rebalance; at least what the
+    enabled leak rules need (``LeakParams.history_s``: 1,020 s with the default policy); FLOPWATCH_DETECT_REPLAY_S."""
 
     web_enabled: bool = True
     """Serve ``/metrics`` (Prometheus) and ``/keda`` (KEDA metrics-api) from the worker; FLOPWATCH_WEB_ENABLED."""
@@ -175,21 +176,21 @@ class Settings:
     """Workload summaries replayed (event time) to rebuild decision state: must cover the stabilisation
     window, the cooldown and the rollback watch; FLOPWATCH_DECIDE_REPLAY_S."""
 
+    leak_policy: str = ""
+    """Path of the leak policy TOML (``[leaks.<rule>]`` thresholds and windows, ``enabled = false`` to turn a
+    rule off; streams.leaks.params); empty: the defaults; FLOPWATCH_LEAK_POLICY."""
+
     def decide_params(self) -> DecideParams:
         """The decision policy: the defaults, or the policy file; a bad file is a ``SettingsError``."""
         if not self.decide_policy:
             return DecideParams()
-        try:
-            with open(self.decide_policy, "rb") as f:
-                doc = tomllib.load(f)
-        except OSError as exc:
-            raise SettingsError(f"decide_policy: cannot read {self.decide_policy}: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise SettingsError(f"decide_policy: {self.decide_policy}: {exc}") from None
-        try:
-            return parse_decide_policy(doc, self.decide_policy)
-        except PolicyError as exc:
-            raise SettingsError(str(exc)) from None
+        return _policy("decide_policy", self.decide_policy, parse_decide_policy)
+
+    def leak_params(self) -> LeakParams:
+        """The leak policy: the defaults, or the policy file; a bad file is a ``SettingsError``."""
+        if not self.leak_policy:
+            return LeakParams()
+        return _policy("leak_policy", self.leak_policy, parse_leak_policy)
 
     def align_params(self) -> AlignParams:
         return AlignParams(
@@ -205,6 +206,7 @@ class Settings:
                               baseline_ns=baseline_ns,
                               min_baseline_ns=min(baseline_ns, _DRIFT.min_baseline_ns), detector=self.drift_detector),
             spike_thresholds={"gpu_util": self.spike_util_pct, "sm_active": self.spike_sm_active},
+            leaks=self.leak_params(),
         )
 
     def replace(self, **changes: Any) -> Settings:
@@ -213,6 +215,24 @@ class Settings:
     def describe(self) -> dict[str, str]:
         """All options as text, secrets masked: safe to log."""
         return {f.name: repr(getattr(self, f.name)) for f in fields(self)}
+
+
+_P = TypeVar("_P")
+
+
+def _policy(option: str, path: str, parse: Callable[[Mapping[str, Any], str], _P]) -> _P:
+    """A policy file read and parsed; any fault is a ``SettingsError`` naming the option and the file."""
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except OSError as exc:
+        raise SettingsError(f"{option}: cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"{option}: {path}: {exc}") from None
+    try:
+        return parse(doc, path)
+    except PolicyError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 def _convert(name: str, hint: Any, raw: Any) -> Any:

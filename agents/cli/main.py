@@ -29,12 +29,13 @@ def _settings(ctx: click.Context) -> Settings:
 
 
 def _check_policy(settings: Settings) -> None:
-    """A decision policy file that cannot be used stops the command before anything starts."""
-    if settings.decide:
-        try:
+    """A decision or leak policy file that cannot be used stops the command before anything starts."""
+    try:
+        if settings.decide:
             settings.decide_params()
-        except SettingsError as exc:
-            raise click.UsageError(str(exc)) from None
+        settings.leak_params()
+    except SettingsError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 @click.group(cls=LazyGroup, lazy_commands={"replay": "agents.collect.replay:replay_command",

@@ -149,6 +149,23 @@ class LeakParams:
     idle_allocated: IdleAllocatedParams = field(default_factory=IdleAllocatedParams)
 
 
+    def history_s(self) -> float:
+        """Seconds of frames that rebuild every enabled rule's state after a restart: an episode that began
+        within it gets the same onset, so the same alert id. (A checkpoint storm's bursts are its history:
+        it is rebuilt when ``bursts`` of them fall within this.)"""
+        need = [0.0]
+        if self.idle_allocated.enabled:
+            need.append(self.idle_allocated.idle_s)
+        if self.memory_fragmentation.enabled:
+            need.append(self.memory_fragmentation.window_s)
+        for p in (self.nccl_retransmit_storm, self.nccl_slow_allreduce, self.batching_collapse):
+            if p.enabled:
+                need.append(p.baseline_s + p.window_s)
+        if self.pipeline_stall.enabled:
+            need.append(self.pipeline_stall.window_s + self.pipeline_stall.hold_s)
+        return max(need) + 60.0
+
+
 _POSITIVE: Final = frozenset({"slot_s", "window_s", "min_span_s", "baseline_s", "factor", "bursts", "gap_s",
                               "queue_factor", "latency_factor", "util_ratio", "max_period_s", "burst_bytes_s"})
 

@@ -235,3 +235,46 @@ def test_closing_the_runtime_closes_its_dead_letter_producer() -> None:
     assert not letters.closed
     runtime.close()
     assert letters.closed
+
+
+def idle_frames(n: int) -> list[bytes]:
+    """One node, one GPU a pod holds and does nothing with, at 3.6 USD per hour."""
+    g = GpuFrame("0", LABELS, {"gpu_util": 0.0, "sm_active": 0.0, "power": 80.0},
+                 {"idle": 1.0, "cost_usd": 0.001, "gpu_util_p99": 0.0}, "")
+    return [encode_frame_message(FrameMessage("node-1", T0 + i * GRID, GRID, (g,))) for i in range(n)]
+
+
+def test_a_leak_alert_keeps_its_id_across_a_restart() -> None:
+    asyncio.run(_a_leak_alert_keeps_its_id_across_a_restart())
+
+
+async def _a_leak_alert_keeps_its_id_across_a_restart() -> None:
+    from streams.leaks.params import IdleAllocatedParams, LeakParams
+
+    params = DetectParams(leaks=LeakParams(idle_allocated=IdleAllocatedParams(idle_s=60.0)))
+    msgs = idle_frames(150)
+
+    def build(history: History) -> tuple[Any, DetectRuntime, Sink]:
+        app = faust.App("flopwatch-leak-test", broker="kafka://127.0.0.1:1", store="memory://",
+                        value_serializer="raw", key_serializer="raw", autodiscover=False, web_enabled=False)
+        topic = app.topic("flopwatch.frames", key_type=bytes, value_type=bytes)
+        sink = Sink()
+        rt = DetectRuntime(params, GRID, history, [sink], Letters(), "flopwatch.frames", replay_s=180)
+        return install(app, rt, topic), rt, sink
+
+    agent, _, first = build(History([]))
+    async with agent.test_context() as tc:
+        await put_all(tc, msgs[:100])
+    [fired] = [a for a in first.alerts if a.rule == "idle_allocated"]
+    assert fired.onset_ts_ns == T0 and fired.ts_ns == T0 + 60 * GRID
+    assert fired.evidence["cost_usd_per_h"] == 3.6 and fired.workload == "llm"
+    # A restart at offset 100: the rebuild replays the idle stretch, so the episode keeps its onset and id,
+    # and a pod that gets to work resolves the very alert that fired before the crash.
+    agent2, _, second = build(History(msgs[:100], sent={fired.message_id}))
+    busy = GpuFrame("0", LABELS, {"gpu_util": 70.0, "sm_active": 0.7, "power": 500.0},
+                    {"idle": 0.0, "cost_usd": 0.001, "gpu_util_p99": 70.0}, "")
+    tail = [*msgs[100:120], encode_frame_message(FrameMessage("node-1", T0 + 120 * GRID, GRID, (busy,)))]
+    async with agent2.test_context() as tc:
+        for i, m in enumerate(tail, start=100):
+            await tc.put(value=m, key=b"node-1", partition=0, timestamp=(T0 + i * GRID) / 1e9)
+    assert [(a.id, a.state) for a in second.alerts if a.rule == "idle_allocated"] == [(fired.id, "resolved")]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -283,3 +284,18 @@ def test_the_leak_policy_is_strict_and_can_turn_a_rule_off() -> None:
     det = Detectors(DetectParams(leaks=p), S)
     g = frame({"gpu_util": 0.0}, idle=1.0)
     assert not any(det.on_message(FrameMessage("n", T0 + t * S, S, (g,))) for t in range(900))
+
+
+def test_the_leak_policy_is_read_through_the_settings(tmp_path: Path) -> None:
+    from agents.settings import SettingsError, load_settings
+
+    good = tmp_path / "leaks.toml"
+    good.write_text("[leaks.idle_allocated]\nidle_s = 1800\n[leaks.checkpoint_io_storm]\nenabled = false\n")
+    p = load_settings({"FLOPWATCH_LEAK_POLICY": str(good)}).detect_params().leaks
+    assert p.idle_allocated.idle_s == 1800.0 and not p.checkpoint_io_storm.enabled
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[leaks.checkpoint_io_storm]\nbursts = 2\n")
+    with pytest.raises(SettingsError, match="bursts must be >= 3"):
+        load_settings({"FLOPWATCH_LEAK_POLICY": str(bad)}).leak_params()
+    with pytest.raises(SettingsError, match="leak_policy: cannot read"):
+        load_settings({"FLOPWATCH_LEAK_POLICY": str(tmp_path / "none.toml")}).leak_params()
