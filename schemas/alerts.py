@@ -1,15 +1,18 @@
-"""The alert contract: one JSON object (version ``v`` = 1) per message on ``flopwatch.alerts``.
+"""The alert contract: one JSON object (version ``v`` = 2) per message on ``flopwatch.alerts``.
 
 An alert is one episode of one detection rule on one GPU (or a node's ``"host"``). Its
 ``id`` is derived from the rule, the node, the GPU and the onset tick only, so a detector
 that replays its frames after a crash emits the same id again. An episode has one
 ``firing`` message and, when it ends, one ``resolved`` message with the same id; a replay
 may repeat either, never with a different meaning. ``message_id`` (``"<id>:<state>"``)
-names one of the two, for consumers that act exactly once per message. The Kafka key of
+names one of the two, for consumers that act exactly once per message. Version 2 adds
+``causes`` (attribution): the first firing message has none, a second firing message with
+the same id carries them (its ``message_id`` ends in ``:causes``), and the resolved message
+repeats them. Version 1 messages still decode (with no causes). The Kafka key of
 a message is its ``id`` (``alert_key``): both messages of an episode share a partition,
 in order, and a compacted topic keeps the latest state of every episode.
 
-Decoding checks the message as strictly as the JSON Schema ``schemas/json/alert.v1.json``
+Decoding checks the message as strictly as the JSON Schema ``schemas/json/alert.v2.json``
 does (no unknown fields, every field present, ``null`` where a value is absent), plus what
 a JSON Schema cannot say: ``ts_ns >= onset_ts_ns``.
 
@@ -33,7 +36,9 @@ from typing import Any, Final, Literal, get_args
 
 import orjson
 
-ALERT_VERSION: Final = 1
+ALERT_VERSION: Final = 2
+READ_VERSIONS: Final = (1, 2)  # version 1: no causes
+MAX_CAUSES: Final = 16
 Severity = Literal["info", "warning", "critical"]
 AlertState = Literal["firing", "resolved"]
 EvidenceValue = int | float | str | bool | None
@@ -41,7 +46,7 @@ SEVERITIES: Final[tuple[str, ...]] = get_args(Severity)
 STATES: Final[tuple[str, ...]] = get_args(AlertState)
 MAX_TS_NS: Final = 2**63 - 1
 
-ALERT_SCHEMA_PATH: Final[Traversable] = resources.files("schemas") / "json" / "alert.v1.json"
+ALERT_SCHEMA_PATH: Final[Traversable] = resources.files("schemas") / "json" / "alert.v2.json"
 """The JSON Schema (draft 2020-12) of one alert message, shipped as package data."""
 
 _ID_RE: Final = re.compile(r"[0-9a-f]{32}")
@@ -74,6 +79,31 @@ def alert_id(rule: str, node: str, gpu: str, onset_ts_ns: int) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Cause:
+    """One likely cause of an episode: a sensor, a Kubernetes event reason, another rule or a label change.
+
+    >>> Cause("disk_write", 0.8, {"source": "series", "lag_s": 2.0}).as_dict()["cause"]
+    'disk_write'
+    """
+
+    cause: str
+    confidence: float
+    evidence: Mapping[str, EvidenceValue] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.cause, str) or not 1 <= len(self.cause) <= 128:
+            raise _fail("out_of_range", f"causes[].cause must be a string of 1..128 characters, got {self.cause!r}")
+        c = _number("causes[].confidence", self.confidence)
+        if c is None or not 0.0 <= c <= 1.0:
+            raise _fail("out_of_range", f"causes[].confidence must be in [0, 1], got {self.confidence!r}")
+        object.__setattr__(self, "confidence", c)
+        _check_evidence(self.evidence, "causes[].evidence")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"cause": self.cause, "confidence": self.confidence, "evidence": dict(self.evidence)}
+
+
+@dataclass(frozen=True, slots=True)
 class Alert:
     """One message of the ``flopwatch.alerts`` topic. Construction validates every field.
 
@@ -95,6 +125,7 @@ class Alert:
     onset_ts_ns: int
     ts_ns: int
     evidence: Mapping[str, EvidenceValue] = field(default_factory=dict)
+    causes: tuple[Cause, ...] = ()
     v: int = ALERT_VERSION
 
     def __post_init__(self) -> None:
@@ -102,8 +133,13 @@ class Alert:
 
     @property
     def message_id(self) -> str:
-        """``"<id>:<state>"``: the firing and the resolved message of an episode differ; replays do not."""
-        return f"{self.id}:{self.state}"
+        """``"<id>:<state>"``: the firing and the resolved message of an episode differ; replays do not.
+        A message with causes is ``"<id>:<state>:causes"``: the attribution that follows a firing."""
+        return f"{self.id}:{self.state}:causes" if self.causes else f"{self.id}:{self.state}"
+
+    def attributed(self, causes: tuple[Cause, ...]) -> Alert:
+        """This message again, with its causes (most likely first)."""
+        return dataclasses.replace(self, causes=causes)
 
     def resolved(self, ts_ns: int, value: float | None = None,
                  evidence: Mapping[str, EvidenceValue] | None = None) -> Alert:
@@ -147,10 +183,10 @@ def decode_alert(data: bytes) -> Alert:
     """Parse and validate one message; raises ``AlertDecodeError`` (a ``ValueError``) naming the fault.
 
     >>> try:
-    ...     decode_alert(b'{"v": 2}')
+    ...     decode_alert(b'{"v": 3}')
     ... except ValueError as exc:
     ...     print(exc)
-    unknown_version: v=2, this consumer reads version 1
+    unknown_version: v=3, this consumer reads versions 1 and 2
     """
     try:
         obj = orjson.loads(data)
@@ -160,15 +196,17 @@ def decode_alert(data: bytes) -> Alert:
         raise AlertDecodeError("not_an_object", f"expected a JSON object, got {type(obj).__name__}")
     if "v" not in obj:
         raise AlertDecodeError("missing_field", "v")
-    if obj["v"] != ALERT_VERSION or isinstance(obj["v"], bool):
-        raise AlertDecodeError("unknown_version", f"v={obj['v']!r}, this consumer reads version {ALERT_VERSION}")
-    missing = [n for n in _FIELDS if n not in obj]
+    if obj["v"] not in READ_VERSIONS or isinstance(obj["v"], bool):
+        raise AlertDecodeError("unknown_version", f"v={obj['v']!r}, this consumer reads versions 1 and 2")
+    fields = _FIELDS if obj["v"] == ALERT_VERSION else _V1_FIELDS
+    missing = [n for n in fields if n not in obj]
     if missing:
         raise AlertDecodeError("missing_field", ", ".join(missing))
-    unknown = sorted(set(obj) - set(_FIELDS))
+    unknown = sorted(set(obj) - set(fields))
     if unknown:
         raise AlertDecodeError("unknown_field", ", ".join(unknown))
-    return Alert(**obj)
+    doc = {**obj, "v": ALERT_VERSION, "causes": _causes(obj.get("causes", []))}
+    return Alert(**doc)
 
 
 def alert_schema() -> dict[str, Any]:
@@ -180,12 +218,33 @@ def alert_schema() -> dict[str, Any]:
 # --- validation ---------------------------------------------------------------------------------------------------
 
 _FIELDS: Final = tuple(f.name for f in dataclasses.fields(Alert))
+_V1_FIELDS: Final = tuple(n for n in _FIELDS if n != "causes")
 
 
 def _as_dict(alert: Alert) -> dict[str, Any]:
     out = {name: getattr(alert, name) for name in _FIELDS}
     out["evidence"] = dict(alert.evidence)
+    out["causes"] = [c.as_dict() for c in alert.causes]
     return out
+
+
+def _causes(raw: object) -> tuple[Cause, ...]:
+    if not isinstance(raw, list):
+        raise _fail("wrong_type", f"causes must be an array, got {raw!r}")
+    if len(raw) > MAX_CAUSES:
+        raise _fail("out_of_range", f"causes holds at most {MAX_CAUSES} entries, got {len(raw)}")
+    out = []
+    for c in raw:
+        if not isinstance(c, dict):
+            raise _fail("wrong_type", f"causes[] must be objects, got {c!r}")
+        keys = set(c)
+        if keys != {"cause", "confidence", "evidence"}:
+            raise _fail("missing_field" if keys < {"cause", "confidence", "evidence"} else "unknown_field",
+                        f"causes[] has {sorted(keys)}, wants cause, confidence, evidence")
+        if not isinstance(c["evidence"], dict):
+            raise _fail("wrong_type", f"causes[].evidence must be an object, got {c['evidence']!r}")
+        out.append(Cause(c["cause"], c["confidence"], c["evidence"]))
+    return tuple(out)
 
 
 def _fail(reason: str, detail: str) -> AlertDecodeError:
@@ -241,14 +300,22 @@ def _check(a: Alert) -> None:
     _ts("ts_ns", a.ts_ns)
     if a.ts_ns < a.onset_ts_ns:
         raise _fail("out_of_range", f"ts_ns={a.ts_ns} is before onset_ts_ns={a.onset_ts_ns}")
-    if not isinstance(a.evidence, Mapping):
-        raise _fail("wrong_type", f"evidence must be an object, got {a.evidence!r}")
-    for key, val in a.evidence.items():
+    _check_evidence(a.evidence, "evidence")
+    if not isinstance(a.causes, tuple) or not all(isinstance(c, Cause) for c in a.causes):
+        raise _fail("wrong_type", f"causes must be a tuple of Cause, got {a.causes!r}")
+    if len(a.causes) > MAX_CAUSES:
+        raise _fail("out_of_range", f"causes holds at most {MAX_CAUSES} entries, got {len(a.causes)}")
+
+
+def _check_evidence(evidence: object, name: str) -> None:
+    if not isinstance(evidence, Mapping):
+        raise _fail("wrong_type", f"{name} must be an object, got {evidence!r}")
+    for key, val in evidence.items():
         if not isinstance(key, str) or not key:
-            raise _fail("wrong_type", f"evidence keys must be non-empty strings, got {key!r}")
+            raise _fail("wrong_type", f"{name} keys must be non-empty strings, got {key!r}")
         if val is None or isinstance(val, str | bool):
             continue
         if not isinstance(val, int | float):
-            raise _fail("wrong_type", f"evidence[{key!r}] must be a number, string, boolean or null, got {val!r}")
+            raise _fail("wrong_type", f"{name}[{key!r}] must be a number, string, boolean or null, got {val!r}")
         if not math.isfinite(val):
-            raise _fail("out_of_range", f"evidence[{key!r}] must be finite, got {val!r}")
+            raise _fail("out_of_range", f"{name}[{key!r}] must be finite, got {val!r}")

@@ -93,16 +93,27 @@ def gpu_frames_migrations(db: str, existing: set[str], layout: Layout = "current
     return [f"ALTER TABLE {db}.gpu_frames ADD COLUMN {d}" for d in wanted if d.split(" ", 1)[0] not in existing]
 
 
+def detections_migrations(db: str, existing: set[str]) -> list[str]:
+    """ALTERs that bring a ``detections`` made by an older flopwatch up to date.
+
+    >>> detections_migrations("fw", {"ts", "evidence"})
+    ["ALTER TABLE fw.detections ADD COLUMN causes String DEFAULT '[]'"]
+    """
+    check_identifier(db)
+    return [] if "causes" in existing else [f"ALTER TABLE {db}.detections ADD COLUMN causes String DEFAULT '[]'"]
+
+
 def detections(db: str, layout: Layout = "current") -> str:
     """Every alert message (firing and resolved) the detectors emitted; a replay rewrites the same
-    (id, state) row, which the engine collapses."""
+    (id, state) row, which the engine collapses, and so does the attribution that follows a firing
+    (``causes``: the ranked list as JSON, ``[]`` before it)."""
     check_identifier(db)
     cur = layout == "current"
     lc = "LowCardinality(String)" if cur else "String"
     ts = "DateTime64(3, 'UTC')" if cur else "UInt64"
     return (f"CREATE TABLE IF NOT EXISTS {db}.detections (\n  ts {ts}, onset_ts {ts}, id String, state {lc},"
             f" rule {lc}, severity {lc}, node {lc}, gpu {lc}, workload {lc}, namespace {lc},"
-            " value Float64, threshold Float64, baseline Nullable(Float64), evidence String\n)\n"
+            " value Float64, threshold Float64, baseline Nullable(Float64), evidence String, causes String\n)\n"
             "ENGINE = ReplacingMergeTree\nORDER BY (id, state)")
 
 

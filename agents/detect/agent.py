@@ -187,7 +187,8 @@ def detection_columns(alerts: Sequence[Alert]) -> dict[str, list[Any]]:
         "workload": [a.workload or "" for a in alerts], "namespace": [a.namespace or "" for a in alerts],
         "value": [a.value for a in alerts], "threshold": [a.threshold for a in alerts],
         "baseline": [a.baseline for a in alerts],
-        "evidence": [orjson.dumps(dict(a.evidence), option=orjson.OPT_SORT_KEYS).decode() for a in alerts]}
+        "evidence": [orjson.dumps(dict(a.evidence), option=orjson.OPT_SORT_KEYS).decode() for a in alerts],
+        "causes": [orjson.dumps([c.as_dict() for c in a.causes], option=orjson.OPT_SORT_KEYS).decode() for a in alerts]}
 
 
 def install(app: faust.App, runtime: DetectRuntime, frames_topic: Any) -> Any:

@@ -4,14 +4,16 @@ Usage::
 
     flopwatch alerts forward --alertmanager http://127.0.0.1:9094 [--resend-s 60] [--group NAME]
 
-Every alert message (``schemas/alerts.py``, JSON v1) becomes an Alertmanager alert posted
+Every alert message (``schemas/alerts.py``, JSON v2; v1 is read too) becomes an Alertmanager alert posted
 to ``POST /api/v2/alerts``:
 
 - labels: ``alertname`` (the rule), ``severity``, ``node``, ``gpu``, ``workload`` and
   ``namespace`` (when known) and ``alert_id`` (the episode's id), so two GPUs, or two
   episodes of one GPU, never merge into one Alertmanager alert;
 - annotations: ``summary``, ``value``, ``threshold``, ``baseline``, ``evidence`` (JSON),
-  ``onset_ts_ns``, ``ts_ns``, ``message_id``;
+  ``onset_ts_ns``, ``ts_ns``, ``message_id``, and once the episode is attributed ``causes``
+  (the ranked list as JSON) and ``likely_cause`` (the first, in words); an attribution is
+  posted as soon as it is read;
 - ``startsAt`` = the onset; for a firing alert ``endsAt`` = now + ``--ends-after-s``
   (default 4 x ``--resend-s``), re-sent every ``--resend-s``; a resolution is posted with
   ``endsAt`` = the resolved time, which ends the alert in Alertmanager at once.

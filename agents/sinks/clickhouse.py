@@ -217,3 +217,7 @@ def ensure_schema(backend: Backend, retention_days: int = 400) -> None:
                            "AND table = 'gpu_frames'")
     for stmt in ddl.gpu_frames_migrations(backend.database, {str(r[0]) for r in rows}, backend.layout):
         backend.execute(stmt)
+    _, rows = backend.rows(f"SELECT name FROM system.columns WHERE database = '{backend.database}' "
+                           "AND table = 'detections'")
+    for stmt in ddl.detections_migrations(backend.database, {str(r[0]) for r in rows}):
+        backend.execute(stmt)

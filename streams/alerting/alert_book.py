@@ -87,6 +87,10 @@ def alert_annotations(a: Alert) -> dict[str, str]:
         out["baseline"] = repr(a.baseline)
     if a.evidence:
         out["evidence"] = orjson.dumps(dict(a.evidence), option=orjson.OPT_SORT_KEYS).decode()
+    if a.causes:  # attribution: the ranked list as JSON, and the likeliest cause in words
+        out["causes"] = orjson.dumps([c.as_dict() for c in a.causes], option=orjson.OPT_SORT_KEYS).decode()
+        top = a.causes[0]
+        out["likely_cause"] = f"{top.cause} (confidence {top.confidence:.2f})"
     return out
 
 
@@ -155,6 +159,8 @@ class AlertBook:
         elif entry is None:
             self._open[alert.id] = _Entry(alert, partition, now_ns)
         else:
+            if alert.causes != entry.alert.causes:
+                entry.due_ns = now_ns  # the attribution: post it now, not at the next resend
             entry.alert = alert
         return True
 

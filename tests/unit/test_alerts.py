@@ -19,6 +19,7 @@ from schemas.alerts import (
     STATES,
     Alert,
     AlertDecodeError,
+    Cause,
     alert_id,
     alert_key,
     alert_schema,
@@ -118,7 +119,17 @@ def _without(name: str) -> dict[str, Any]:
 
 
 BAD: list[tuple[str, dict[str, Any], str]] = [
-    ("version 2", _with(v=2), "unknown_version"),
+    ("version 3", _with(v=3), "unknown_version"),
+    ("version 2 without causes", _without("causes"), "missing_field"),
+    ("version 1 with causes", _with(v=1), "unknown_field"),
+    ("causes an object", _with(causes={"cause": "x"}), "wrong_type"),
+    ("cause without confidence", _with(causes=[{"cause": "x", "evidence": {}}]), "missing_field"),
+    ("cause with an extra key", _with(causes=[{"cause": "x", "confidence": 0.5, "evidence": {}, "why": 1}]),
+     "unknown_field"),
+    ("confidence above 1", _with(causes=[{"cause": "x", "confidence": 1.5, "evidence": {}}]), "out_of_range"),
+    ("cause empty", _with(causes=[{"cause": "", "confidence": 0.5, "evidence": {}}]), "out_of_range"),
+    ("cause evidence nested", _with(causes=[{"cause": "x", "confidence": 0.5, "evidence": {"a": [1]}}]),
+     "wrong_type"),
     ("version as text", _with(v="1"), "unknown_version"),
     ("version true", _with(v=True), "unknown_version"),
     ("no version", _without("v"), "missing_field"),
@@ -212,3 +223,20 @@ def test_ids_do_not_collide_across_field_boundaries() -> None:
     ids = {alert_id(rule, node, gpu, onset) for rule in ("util_spike", "sm_spike") for node in ("n1", "n2")
            for gpu in ("0", "1") for onset in (0, 1, 10**18)}
     assert len(ids) == 24
+
+
+def test_a_version_1_message_still_decodes_without_causes() -> None:
+    doc = good()
+    del doc["causes"]
+    doc["v"] = 1
+    a = decode_alert(orjson.dumps(doc))
+    assert a.causes == () and a.v == 2 and a.message_id == f"{a.id}:firing"
+
+
+def test_causes_make_a_second_message_of_the_same_episode() -> None:
+    a = example()
+    b = a.attributed((Cause("disk_write", 0.9, {"lag_s": 2.0}), Cause("OOMKilled", 0.4, {"source": "k8s"})))
+    assert b.id == a.id and b.message_id == f"{a.id}:firing:causes" != a.message_id
+    raw = encode_alert(b)
+    VALIDATOR.validate(orjson.loads(raw))
+    assert decode_alert(raw) == b and [c.cause for c in decode_alert(raw).causes] == ["disk_write", "OOMKilled"]

@@ -59,8 +59,9 @@ def test_the_shipped_files_are_what_the_generator_makes() -> None:
         assert path.exists(), f"{path} missing: {hint}"
         assert orjson.loads(path.read_bytes()) == schema_for(topic), f"{path} differs from schema_for({topic!r}): {hint}"
     # frames, alerts and triggers come from their own shipped files
-    for topic, name in (("flopwatch.frames", "frame"), ("flopwatch.alerts", "alert"), ("flopwatch.triggers", "trigger")):
-        assert orjson.loads((JSON_DIR / f"{name}.v1.json").read_bytes()) == schema_for(topic)
+    for topic, name in (("flopwatch.frames", "frame.v1"), ("flopwatch.alerts", "alert.v2"),
+                        ("flopwatch.triggers", "trigger.v1")):
+        assert orjson.loads((JSON_DIR / f"{name}.json").read_bytes()) == schema_for(topic)
 
 
 def simulated_batches() -> list[SampleBatch]:
