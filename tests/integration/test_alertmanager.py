@@ -109,7 +109,7 @@ def test_forwarder_fires_resends_resolves_and_restarts_without_resurrection(
                           workload=f"wl-{base_settings.group_id}", namespace="ml",
                           evidence={"window_ms": 1000, "above_ms": 200})
             for i, g in enumerate(("0", "1"))}
-    publish(base_settings, gpus["0"], b"{not json", gpus["1"], b'{"v": 2}')
+    publish(base_settings, gpus["0"], b"{not json", gpus["1"], b'{"v": 3}')
 
     first = Forwarder(base_settings, url, tmp_path / "first.log")
     try:
