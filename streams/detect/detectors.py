@@ -45,9 +45,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from schemas.alerts import Alert, Severity, make_alert
+from schemas.alerts import Alert, Cause, Severity, make_alert
 from schemas.frame_messages import FrameMessage, GpuFrame
 from schemas.workload_samples import DriftDetail
+from streams.attribution.context import EventBook, Happening
+from streams.attribution.rank import AttributionParams, context_causes, rank, series_witnesses
+from streams.attribution.window import SeriesWindow
 from streams.detect.drift import DriftEvent
 from streams.detect.drift_bank import DriftBank
 from streams.detect.drift_params import DriftParams
@@ -79,6 +82,7 @@ class DetectParams:
     spike_severity: Severity = "info"
     max_nodes: int = 100_000
     leaks: LeakParams = field(default_factory=LeakParams)
+    attribution: AttributionParams = field(default_factory=AttributionParams)
 
 
 @dataclass(slots=True)
@@ -105,9 +109,14 @@ def context_of(labels: Mapping[str, Any]) -> str:
 class Detectors:
     """Detector state for the nodes one agent sees; bounded (least recently seen nodes go first)."""
 
-    def __init__(self, params: DetectParams, grid_ns: int) -> None:
+    def __init__(self, params: DetectParams, grid_ns: int, events: EventBook | None = None) -> None:
         self.params = params
         self.grid_ns = grid_ns
+        self.events = events if events is not None else EventBook()  # Kubernetes events, fed by the agent
+        self._happened = EventBook(per_node=256, max_nodes=params.max_nodes)  # our own alerts, label changes
+        self._windows: OrderedDict[tuple[str, str], SeriesWindow] = OrderedDict()
+        self._labels: dict[tuple[str, str], tuple[str, str]] = {}
+        self._pending: list[tuple[int, tuple[str, str, str], str]] = []  # (due tick, open key, alert id)
         self.drift = DriftBank(params.drift, grid_ns, max_entities=params.max_nodes * 16)
         self._last_tick: OrderedDict[str, int] = OrderedDict()
         self.leaks = LeakBank(params.leaks, grid_ns, max_entities=params.max_nodes * 16)
@@ -124,14 +133,89 @@ class Detectors:
             gone, _ = self._last_tick.popitem(last=False)
             self._open = {k: a for k, a in self._open.items() if k[1] != gone}
         out: list[Alert] = []
+        if self.params.attribution.enabled:
+            out += self._attribute_due(m)
+            self._remember(m)
         for g in m.gpus:
             if g.gpu == "host":
                 continue
             out += self._spikes(m, g)
             out += self._drift(m, g)
         out += self._leaks(m)
+        if self.params.attribution.enabled:
+            self._note_firings(m, out)
         self.stats.count(out)
         return out
+
+    # -- attribution --------------------------------------------------------------------------------------------
+    def _remember(self, m: FrameMessage) -> None:
+        """The tick's series into each GPU's window; label changes into the node's book."""
+        host = next((g.values for g in m.gpus if g.gpu == "host"), {})
+        ticks = self.params.attribution.ticks(self.grid_ns)
+        for g in m.gpus:
+            if g.gpu == "host":
+                continue
+            key = (m.node, g.gpu)
+            w = self._windows.get(key)
+            if w is None:
+                w = self._windows[key] = SeriesWindow(ticks)
+                if len(self._windows) > self.params.max_nodes * 16:
+                    gone, _ = self._windows.popitem(last=False)
+                    self._labels.pop(gone, None)
+            else:
+                self._windows.move_to_end(key)
+            w.push(m.tick_ns, {**g.values, "flops_per_watt": g.derived.get("flops_per_watt")}, host)
+            now = (str(g.labels.get("workload") or ""), str(g.labels.get("pod") or ""))
+            before = self._labels.get(key)
+            self._labels[key] = now
+            if before is not None and before != now:
+                what = "workload_changed" if before[0] != now[0] else "pod_changed"
+                change = f"{before[0] or '-'}/{before[1] or '-'} -> {now[0] or '-'}/{now[1] or '-'}"
+                self._happened.add(Happening(m.node, m.tick_ns, what, "labels", now[1], (g.gpu,), change))
+
+    def _note_firings(self, m: FrameMessage, alerts: list[Alert]) -> None:
+        due = m.tick_ns + self.params.attribution.delay_ticks * self.grid_ns
+        for a in alerts:
+            if a.state == "firing" and not a.causes:
+                self._happened.add(Happening(a.node, a.onset_ts_ns, a.rule, "detection", "", (a.gpu,), a.id))
+                self._pending.append((due, (a.rule, a.node, a.gpu), a.id))
+
+    def _attribute_due(self, m: FrameMessage) -> list[Alert]:
+        if not self._pending:
+            return []
+        out, keep = [], []
+        for due, key, aid in self._pending:
+            if key[1] != m.node:
+                keep.append((due, key, aid))
+            elif due <= m.tick_ns:
+                a = self._open.get(key)
+                if a is not None and a.id == aid and not a.causes:
+                    causes = self.causes(a)
+                    if causes:
+                        a = self._open[key] = a.attributed(causes)
+                        out.append(a)
+            else:
+                keep.append((due, key, aid))
+        self._pending = keep[-10_000:]
+        return out
+
+    def causes(self, a: Alert) -> tuple[Cause, ...]:
+        """The likely causes of ``a`` from what this object has seen of its node (see ``streams.attribution``)."""
+        p = self.params.attribution
+        gpu = a.gpu if a.gpu != "host" else next((g for n, g in self._windows if n == a.node), a.gpu)
+        w = self._windows.get((a.node, gpu))
+        witnesses = []
+        if w is not None and len(w):
+            times, block = w.ordered()
+            keep = times <= a.ts_ns
+            witnesses += series_witnesses(a.rule, times[keep], block[:, keep], a.onset_ts_ns, p)
+        lo = a.onset_ts_ns - int(p.event_window_s * 1e9)
+        pod = self._labels.get((a.node, gpu), ("", ""))[1]
+        around = [h for h in self._happened.around(a.node, lo, a.ts_ns)
+                  if not (h.type == "detection" and (h.detail == a.id or (h.reason == a.rule and gpu in h.gpus)))]
+        around += list(self.events.around(a.node, lo, a.ts_ns))
+        witnesses += context_causes(around, gpu, pod, a.onset_ts_ns, p)
+        return rank(witnesses, p.max_causes)
 
     @property
     def firing(self) -> list[Alert]:

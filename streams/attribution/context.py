@@ -1,0 +1,58 @@
+"""What happened around an alert besides its series: Kubernetes events, other detections, label changes.
+
+Each book is bounded: the latest ``per_node`` entries of each node, for the ``max_nodes`` nodes seen
+last. Times are event times (ns); nothing here reads a clock.
+
+>>> book = EventBook(per_node=2)
+>>> for i, reason in enumerate(["Scheduled", "BackOff", "OOMKilled"]):
+...     book.add(Happening("node-1", i, reason, "Warning", pod="p-0"))
+>>> [e.reason for e in book.around("node-1", 0, 10)]
+['BackOff', 'OOMKilled']
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Happening:
+    """One thing that happened on a node: a Kubernetes event, another rule's alert, or a label change."""
+
+    node: str
+    ts_ns: int
+    reason: str  # the event's reason, the other alert's rule, or workload_changed / pod_changed
+    type: str = ""  # Normal / Warning for events; "detection" or "labels" otherwise
+    pod: str = ""
+    gpus: tuple[str, ...] = ()  # () when the event names no GPU (a node or pod event)
+    detail: str = ""
+
+
+class EventBook:
+    """The latest happenings of each node."""
+
+    def __init__(self, per_node: int = 64, max_nodes: int = 100_000) -> None:
+        self.per_node, self.max_nodes = per_node, max_nodes
+        self._nodes: OrderedDict[str, deque[Happening]] = OrderedDict()
+
+    def add(self, h: Happening) -> None:
+        q = self._nodes.get(h.node)
+        if q is None:
+            q = self._nodes[h.node] = deque(maxlen=self.per_node)
+            if len(self._nodes) > self.max_nodes:
+                self._nodes.popitem(last=False)
+        else:
+            self._nodes.move_to_end(h.node)
+        if h not in q:  # a redelivered event is one event
+            q.append(h)
+
+    def around(self, node: str, lo_ns: int, hi_ns: int) -> Iterator[Happening]:
+        """The node's happenings with lo_ns <= ts_ns <= hi_ns, oldest first."""
+        for h in self._nodes.get(node, ()):
+            if lo_ns <= h.ts_ns <= hi_ns:
+                yield h
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self._nodes.values())

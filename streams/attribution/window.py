@@ -1,0 +1,59 @@
+"""A fixed window of aligned history per GPU: the series attribution reads, as a numpy ring.
+
+>>> w = SeriesWindow(ticks=4)
+>>> for t in range(6):
+...     w.push(t, {"gpu_util": float(t)}, {"disk_write": 10.0 * t})
+>>> times, block = w.ordered()
+>>> times.tolist(), block[SERIES.index("gpu_util")].tolist(), block[SERIES.index("disk_write")].tolist()
+([2, 3, 4, 5], [2.0, 3.0, 4.0, 5.0], [20.0, 30.0, 40.0, 50.0])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+import numpy as np
+
+# What attribution may name: the GPU's sensors (value columns), its FLOPS/W, and its node's host series.
+GPU_SERIES: Final = ("gpu_util", "sm_active", "tensor_active", "power", "temperature", "sm_clock", "fb_used",
+                     "pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx", "ecc_errors", "xid_errors", "torch_allocated",
+                     "torch_reserved", "nccl_allreduce_ms", "nccl_retries", "dataloader_wait_ms", "queue_depth",
+                     "request_rate", "request_latency_ms", "flops_per_watt")
+HOST_SERIES: Final = ("host_cpu_util", "disk_write")
+SERIES: Final = GPU_SERIES + HOST_SERIES
+_INDEX: Final = {name: i for i, name in enumerate(SERIES)}
+
+
+class SeriesWindow:
+    """The last ``ticks`` ticks of every series of one GPU (NaN where a tick had no sample)."""
+
+    __slots__ = ("_data", "_n", "_pos", "_times")
+
+    def __init__(self, ticks: int) -> None:
+        self._data = np.full((len(SERIES), ticks), np.nan, dtype=np.float32)
+        self._times = np.zeros(ticks, dtype=np.int64)
+        self._pos = 0
+        self._n = 0
+
+    def push(self, tick_ns: int, values: Mapping[str, float | None], host: Mapping[str, float | None]) -> None:
+        col = self._pos
+        data = self._data
+        data[:, col] = np.nan
+        for src in (values, host):
+            for name, v in src.items():
+                i = _INDEX.get(name)
+                if i is not None and v is not None:
+                    data[i, col] = v
+        self._times[col] = tick_ns
+        self._pos = (col + 1) % data.shape[1]
+        self._n = min(self._n + 1, data.shape[1])
+
+    def ordered(self) -> tuple[np.ndarray, np.ndarray]:
+        """(tick times, series x ticks as float64), oldest first."""
+        n, size = self._n, self._data.shape[1]
+        idx = (np.arange(self._pos - n, self._pos)) % size
+        return self._times[idx], self._data[:, idx].astype(np.float64)
+
+    def __len__(self) -> int:
+        return self._n
