@@ -31,6 +31,7 @@ from agents.detect.agent import (
     detection_columns,
     install,
 )
+from agents.detect.events import K8sEventFeed
 from agents.ingest.pricebook_file import PriceBookFile
 from agents.ingest.worker import Ingestor, IngestStats
 from agents.kafka.producer import SampleProducer
@@ -145,6 +146,14 @@ def create_app(settings: Settings, on_flush: Callable[[IngestStats], None] | Non
     app.service(_BoundIngest)
     if runtime is not None:
         install(app, runtime, app.flopwatch_topics[names.frames])  # type: ignore[attr-defined]
+        if runtime.params.attribution.enabled:
+            book = runtime.events
+
+            class _BoundEvents(K8sEventFeed):
+                def __init__(self, **kwargs: Any) -> None:
+                    super().__init__(settings, names.k8s_events, book, **kwargs)
+
+            app.service(_BoundEvents)
     if deciding is not None:
         install_decide(app, deciding, app.flopwatch_topics[names.workloads])  # type: ignore[attr-defined]
     if settings.web_enabled:

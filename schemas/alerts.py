@@ -7,7 +7,7 @@ that replays its frames after a crash emits the same id again. An episode has on
 may repeat either, never with a different meaning. ``message_id`` (``"<id>:<state>"``)
 names one of the two, for consumers that act exactly once per message. Version 2 adds
 ``causes`` (attribution): the first firing message has none, a second firing message with
-the same id carries them (its ``message_id`` ends in ``:causes``), and the resolved message
+the same id carries them (its ``message_id`` is ``<id>:firing:causes``), and the resolved message
 repeats them. Version 1 messages still decode (with no causes). The Kafka key of
 a message is its ``id`` (``alert_key``): both messages of an episode share a partition,
 in order, and a compacted topic keeps the latest state of every episode.
@@ -134,8 +134,9 @@ class Alert:
     @property
     def message_id(self) -> str:
         """``"<id>:<state>"``: the firing and the resolved message of an episode differ; replays do not.
-        A message with causes is ``"<id>:<state>:causes"``: the attribution that follows a firing."""
-        return f"{self.id}:{self.state}:causes" if self.causes else f"{self.id}:{self.state}"
+        A firing message with causes is ``"<id>:firing:causes"``: the attribution that follows a firing (the
+        resolved message, which repeats the causes, stays ``"<id>:resolved"``)."""
+        return f"{self.id}:firing:causes" if self.causes and self.state == "firing" else f"{self.id}:{self.state}"
 
     def attributed(self, causes: tuple[Cause, ...]) -> Alert:
         """This message again, with its causes (most likely first)."""

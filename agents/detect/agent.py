@@ -41,6 +41,7 @@ from schemas.alerts import Alert, alert_key, encode_alert
 from schemas.frame_messages import FrameDecodeError, FrameMessage, decode_frame_message
 from schemas.records import Reject, RejectReason
 from schemas.workload_samples import WorkloadSample, encode_workload_sample
+from streams.attribution.context import EventBook
 from streams.detect.detectors import AlertTally, Detectors, DetectParams
 from streams.detect.workload_tap import WorkloadTap
 
@@ -78,13 +79,14 @@ class DetectRuntime(PartitionRuntime[Detectors, FrameMessage, Alert]):
                  rejects: Rejects | None, topic: str, replay_s: float = 180.0,
                  summaries: SummarySink | None = None,
                  link_bytes_s: Callable[[str], float | None] = lambda _model: None,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+                 clock: Clock = SYSTEM_CLOCK, events: EventBook | None = None) -> None:
         super().__init__(history, sinks, rejects, topic, replay_s, clock)
         self.params = params
         self.grid_ns = grid_ns
         self.stats = DetectStats()
         self.summaries = summaries
         self.link_bytes_s = link_bytes_s
+        self.events = events if events is not None else EventBook()  # Kubernetes events, for attribution
         self._taps: dict[int, WorkloadTap] = {}
         self.on_frame: Callable[[FrameMessage], None] | None = None  # sees each live frame (the demo's view)
 
@@ -102,7 +104,7 @@ class DetectRuntime(PartitionRuntime[Detectors, FrameMessage, Alert]):
         return msg
 
     def _fresh(self, partition: int) -> Detectors:
-        return Detectors(self.params, self.grid_ns)
+        return Detectors(self.params, self.grid_ns, self.events)
 
     def _apply(self, state: Detectors, msg: FrameMessage) -> list[Alert]:
         return state.on_message(msg)

@@ -18,7 +18,9 @@ READ_DEADLINE_S = 120.0
 def _message_id(raw: bytes) -> str:
     try:
         doc = orjson.loads(raw)
-        return f"{doc['id']}:{doc['state']}"
+        # schemas.alerts.Alert.message_id: an attribution (a message with causes) is a message of its own.
+        attributed = doc.get("causes") and doc["state"] == "firing"
+        return f"{doc['id']}:firing:causes" if attributed else f"{doc['id']}:{doc['state']}"
     except Exception:  # not an alert of ours: nothing to suppress
         return ""
 

@@ -4,12 +4,14 @@ Four kinds of witness, each a ``Cause`` with a confidence in [0, 1]:
 
 - **series**: the alert's symptom (``SYMPTOM``: FLOPS/W for a drift, gpu_util for a stall ...)
   and every other aligned series of the GPU and its node over the window before the alert.
-  A series that stepped (the single change point that best splits it, its Welch t-test by
-  ``scipy.stats.ttest_ind`` below ``max_p``) and whose lagged values move with the symptom
-  (``scipy.stats.pearsonr`` at lags 0..``max_lag_s``, the series leading) is a candidate; its
-  confidence is the correlation, weighed by when it changed: before the symptom (a root
-  cause leads) in full and 2% more per second of lead (up to 10 s), at the same tick 0.8,
-  after it 0.5; capped at 1. Series that are the symptom
+  A series whose lagged values move with the symptom (``scipy.stats.pearsonr`` at lags
+  0..``max_lag_s``, the series leading) is a candidate. When both stepped (the single change
+  point that best splits each, its Welch t-test by ``scipy.stats.ttest_ind`` below ``max_p``),
+  its confidence is half the step's strength (significance and effect size) and half the
+  correlation (a step below ``strong_p`` counts even with no correlation: noise can hide it),
+  weighed by when it stepped: up to ``max_lead_s`` before the symptom in full (a
+  root cause leads), at the same tick 0.8, long before fading, after it 0.3. A series with no
+  single step (periodic bursts) counts when it moves closely with the symptom (0.8 |r|). Series that are the symptom
   seen another way (``MIRRORS``: power, SM and tensor activity mirror utilisation) are not causes.
 - **Kubernetes events** of the node within ``event_window_s`` before the onset (and up to the
   alert) that concern the alert's pod or GPU or the whole node: OOMKilled, Evicted, BackOff,
@@ -40,6 +42,7 @@ The same cause from two witnesses keeps the higher confidence; the list is sorte
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -60,10 +63,17 @@ SYMPTOM: Final[Mapping[str, str]] = {
     "memory_fragmentation": "fb_used",
 }
 _ACTIVITY: Final = frozenset({"gpu_util", "sm_active", "tensor_active", "power", "flops_per_watt"})
+# Utilisation heats the GPU (temperature follows power with a ~25 s lag): a consequence, unless the symptom
+# is efficiency, which heat can cause (clocks held down).
 MIRRORS: Final[Mapping[str, frozenset[str]]] = {
-    "gpu_util": _ACTIVITY, "sm_active": _ACTIVITY, "flops_per_watt": _ACTIVITY,
-    "fb_used": frozenset({"fb_used"}), "nccl_retries": frozenset({"nccl_retries"}),
-    "nccl_allreduce_ms": frozenset({"nccl_allreduce_ms"}),
+    "gpu_util": _ACTIVITY | {"temperature"}, "sm_active": _ACTIVITY | {"temperature"}, "flops_per_watt": _ACTIVITY,
+    # The GPU waits on a slow or retrying collective: its activity falls because of it, not the other way.
+    "fb_used": frozenset({"fb_used"}), "nccl_retries": _ACTIVITY | {"temperature", "nccl_retries"},
+    "nccl_allreduce_ms": _ACTIVITY | {"temperature", "nccl_allreduce_ms"},
+}
+# What a rule itself sees beside its symptom: its evidence, not its cause.
+RULE_SEES: Final[Mapping[str, frozenset[str]]] = {
+    "batching_collapse": frozenset({"queue_depth", "request_latency_ms"}),
 }
 EVENT_WEIGHT: Final[Mapping[str, float]] = {
     "OOMKilled": 0.95, "OOMKilling": 0.95, "Evicted": 0.9, "Preempting": 0.85, "Preempted": 0.85,
@@ -87,6 +97,10 @@ class AttributionParams:
     max_lag_s: float = 10.0
     max_p: float = 1e-3
     min_r: float = 0.3
+    strong_p: float = 1e-4  # a step this significant is a candidate whatever its correlation
+    max_lead_s: float = 30.0  # a step up to this long before the symptom's fits a cause in full
+    step_margin_s: float = 30.0  # a candidate's step is tested on this much data either side of where it may be
+    min_periodic_r: float = 0.6  # a series with no single step is a cause only when it moves this closely with it
     min_points: int = 12
     max_causes: int = 8
     delay_ticks: int = 1  # the attribution follows its firing this many ticks later (never with it)
@@ -122,36 +136,61 @@ def series_witnesses(rule: str, times: np.ndarray, block: np.ndarray, onset_ns: 
     si = SERIES.index(symptom)
     y = block[si]
     y_change = _change(times, y, params)
-    if y_change is None:
-        return []
     tick_ns = int(np.median(np.diff(times))) if times.size > 1 else S
+    tick_s = tick_ns / S
     max_lag = max(1, int(params.max_lag_s * S // max(tick_ns, 1)))
-    mirrors = MIRRORS.get(symptom, frozenset({symptom}))
+    mirrors = MIRRORS.get(symptom, frozenset({symptom})) | RULE_SEES.get(rule, frozenset())
     out = []
     for i, name in enumerate(SERIES):
         if name == symptom or name in mirrors:
             continue
         x = block[i]
-        ch = _change(times, x, params)
-        if ch is None:
+        ch = None
+        if y_change is not None:  # the candidate's own step, looked for around the symptom's
+            lo, hi = y_change[0] - int(params.max_lead_s * S), y_change[0] + int(params.max_lag_s * S)
+            margin = int(params.step_margin_s * S)  # the data either side of the splits looked at, no more
+            near = (times >= lo - margin) & (times <= hi + margin)
+            ch = _change(times[near], x[near], params, (lo, hi))
+        r_or_none, lag = _best_lag(x, y, max_lag, params)
+        r = r_or_none or 0.0
+        # A series whose step lines up with the symptom's counts even when its noise hides the correlation (a
+        # training job's phases make NVLink traffic bimodal): the timing of strong steps is evidence of its own.
+        stepped = ch is not None and y_change is not None and ch[1] <= params.strong_p
+        if abs(r) < params.min_r and not stepped:
             continue
-        r, lag = _best_lag(x, y, max_lag, params)
-        if r is None or abs(r) < params.min_r:
-            continue
-        lead_s = (y_change[0] - ch[0]) / S
-        tick_s = tick_ns / S
-        # A root cause leads: the longer before the symptom it changed, the more it counts (up to +20% at 10 s).
-        weight = (1.0 + 0.02 * min(lead_s, 10.0)) if lead_s > tick_s else 0.8 if lead_s >= -tick_s else 0.5
-        conf = round(min(1.0, abs(r) * weight), 4)
         ev: dict[str, EvidenceValue] = {"source": "series", "r": round(r, 4), "lag_s": round(lag * tick_s, 3),
-                                        "lead_s": round(lead_s, 3), "change_p": float(f"{ch[1]:.3g}"),
                                         "symptom": symptom}
-        out.append((Cause(name, conf, ev), float(ch[0])))
+        if ch is not None and y_change is not None:
+            lead_s = (y_change[0] - ch[0]) / S
+            conf = _timing(lead_s, tick_s, params) * (0.5 * _strength(ch[1], ch[2]) + 0.5 * abs(r))
+            ev.update(lead_s=round(lead_s, 3), change_p=float(f"{ch[1]:.3g}"), effect=round(ch[2], 2))
+            when = float(ch[0])
+        elif abs(r) >= params.min_periodic_r:  # no single step (periodic bursts): the co-movement alone
+            conf, when = 0.8 * abs(r), float(onset_ns)
+        else:
+            continue
+        out.append((Cause(name, round(min(1.0, conf), 4), ev), when))
     return out
 
 
-def _change(times: np.ndarray, x: np.ndarray, params: AttributionParams) -> tuple[int, float] | None:
-    """(time, p) of the single change point that best splits ``x``, or None when none is significant."""
+def _timing(lead_s: float, tick_s: float, params: AttributionParams) -> float:
+    """How well a change ``lead_s`` before the symptom's fits a cause: leading by up to ``max_lead_s`` in full,
+    at the same tick 0.8, long before fading (a coincidence, not a cause), after the symptom 0.3."""
+    if lead_s > tick_s:
+        return 1.0 if lead_s <= params.max_lead_s else math.exp(-(lead_s - params.max_lead_s) / params.max_lead_s)
+    return 0.8 if lead_s >= -tick_s else 0.3
+
+
+def _strength(p: float, effect: float) -> float:
+    """A change's weight: its significance (-log10 p, full at 1e-10) times its size (Cohen's d, full at 2)."""
+    sig = 1.0 if p <= 0 else min(1.0, -math.log10(p) / 10.0)
+    return sig * min(1.0, 0.5 + effect / 4.0)
+
+
+def _change(times: np.ndarray, x: np.ndarray, params: AttributionParams,
+            between: tuple[int, int] | None = None) -> tuple[int, float, float] | None:
+    """(time, p, effect size) of the single change point that best splits ``x`` (at a time within ``between``
+    when given), or None when none is significant."""
     ok = ~np.isnan(x)
     if ok.sum() < params.min_points:
         return None
@@ -160,7 +199,7 @@ def _change(times: np.ndarray, x: np.ndarray, params: AttributionParams) -> tupl
     if np.ptp(v) == 0:
         return None
     # The split that maximises the between-segment difference of means, scaled by segment sizes (a CUSUM
-    # argmax); its significance by Welch's t-test.
+    # argmax); its significance by Welch's t-test, its size as Cohen's d.
     k = np.arange(1, n)
     csum = np.cumsum(v)[:-1]
     left = csum / k
@@ -169,15 +208,24 @@ def _change(times: np.ndarray, x: np.ndarray, params: AttributionParams) -> tupl
     lo = max(3, n // 20)
     if n - 2 * lo < 1:
         return None
-    j = lo - 1 + int(np.argmax(score[lo - 1:n - lo]))
+    allowed = np.zeros(n - 1, dtype=bool)
+    allowed[lo - 1:n - lo] = True
+    if between is not None:  # split j starts the second segment at t[j + 1]
+        allowed &= (t[1:] >= between[0]) & (t[1:] <= between[1])
+    if not allowed.any():
+        return None
+    j = int(np.argmax(np.where(allowed, score, -1.0)))
     a, b = v[:j + 1], v[j + 1:]
-    if np.ptp(a) == 0 and np.ptp(b) == 0:
-        return (int(t[j + 1]), 0.0) if a[0] != b[0] else None
-    res = ttest_ind(a, b, equal_var=False)
+    sd = math.sqrt((float(a.var()) + float(b.var())) / 2.0)
+    if sd == 0:
+        return (int(t[j + 1]), 0.0, 10.0) if a[0] != b[0] else None
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = ttest_ind(a, b, equal_var=False)
     p = float(res.pvalue)
     if not math.isfinite(p) or p >= params.max_p:
         return None
-    return int(t[j + 1]), p
+    return int(t[j + 1]), p, min(10.0, abs(float(a.mean()) - float(b.mean())) / sd)
 
 
 def _best_lag(x: np.ndarray, y: np.ndarray, max_lag: int, params: AttributionParams) -> tuple[float | None, int]:
@@ -187,7 +235,9 @@ def _best_lag(x: np.ndarray, y: np.ndarray, max_lag: int, params: AttributionPar
         ok = ~(np.isnan(xs) | np.isnan(ys))
         if ok.sum() < params.min_points or np.ptp(xs[ok]) == 0 or np.ptp(ys[ok]) == 0:
             continue
-        res = pearsonr(xs[ok], ys[ok])
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # nearly constant inputs: scipy warns, the p-value says it
+            res = pearsonr(xs[ok], ys[ok])
         r, p = float(res.statistic), float(res.pvalue)
         if p < params.max_p and (best[0] is None or abs(r) > abs(best[0]) + 1e-9):
             best = (r, lag)

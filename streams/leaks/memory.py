@@ -5,7 +5,10 @@ the driver gap (``fb_used`` above ``torch_reserved``: contexts and blocks the ca
 cannot return) and the allocator gap (``torch_reserved`` above ``torch_allocated``: cached,
 fragmented blocks). A gap is a leak when it is far above normal (``min_gap_mib`` and a ratio)
 and growing: the Theil-Sen slope (``scipy.stats.theilslopes``) of its 10 s slot means over the
-last ``window_s`` at least ``min_growth_mib_per_min``, with its whole 95% interval above zero.
+last ``window_s`` at least ``min_growth_mib_per_min``, with its whole 95% interval above zero, and
+each half of the window growing at half that at least (a gap that stepped once is not growing),
+and the outer series (``fb_used``, or ``torch_reserved`` for the allocator gap) growing with it: a
+flat cache whose tensors shrink with the load is not fragmenting.
 A warm-up grows the memory, not the gap; a cache that is large but flat is not growing.
 
 >>> from schemas.frame_messages import GpuFrame
@@ -74,11 +77,16 @@ class Fragmentation:
         fb, res, alloc = fb[-n:], res[-n:], alloc[-n:]
         minutes = (np.asarray(self._fb.times()[-n:], dtype=np.float64) - self._fb.times()[-n]) / (60.0 * S)
         found = False
-        for gap_kind, gap, far in (("driver", fb - res, p.driver_ratio * res[-1]),
-                                   ("allocator", res - alloc, p.allocator_ratio * alloc[-1])):
+        # The allocator gap must grow by the cache growing: a flat cache whose tensors shrink with the load is not.
+        for gap_kind, gap, far, grower in (("driver", fb - res, p.driver_ratio * res[-1], fb),
+                                           ("allocator", res - alloc, p.allocator_ratio * alloc[-1], res)):
             now = float(gap[-3:].mean())
             slope, _, lo, _ = theilslopes(gap, minutes, alpha=0.95)
-            growing = slope >= p.min_growth_mib_per_min and lo > 0
+            # Growth, not a step: each half of the window grows too (a cache that jumped once is flat in both).
+            half = len(gap) // 2
+            halves = [theilslopes(g, m)[0] for g, m in ((gap[:half], minutes[:half]), (gap[half:], minutes[half:]))]
+            growing = (slope >= p.min_growth_mib_per_min and lo > 0 and min(halves) >= p.min_growth_mib_per_min / 2
+                       and theilslopes(grower, minutes)[0] >= p.min_growth_mib_per_min / 2)
             if now >= max(p.min_gap_mib, far) and growing:
                 found = True
             if found or (gap_kind == "driver" and not self.ep.firing):

@@ -40,7 +40,7 @@ class FragmentationParams:
     window_s: float = 600.0  # the growth is fitted over this much of the latest history ...
     min_span_s: float = 300.0  # ... once it covers this much ("growing over minutes")
     min_gap_mib: float = 2048.0  # a gap is far above normal from this size ...
-    driver_ratio: float = 0.05  # ... and fb_used - torch_reserved >= this x torch_reserved
+    driver_ratio: float = 0.02  # ... and fb_used - torch_reserved >= this x torch_reserved
     allocator_ratio: float = 1.0  # ... or torch_reserved - torch_allocated >= this x torch_allocated
     min_growth_mib_per_min: float = 16.0  # the gap's robust slope, its whole 95% interval above 0
     clear_s: float = 120.0

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Final, Literal
 
 from schemas.records import K8sEvent, SampleBatch
+from streams.sim.leak_effects import LeakEffects
 from streams.sim.physics import NodeSpec, SimParams
 from streams.sim.scenario import LoadProfile, Scenario, TruthEvent
 
@@ -104,7 +105,12 @@ class ScenarioPlayer:
         self._effects: dict[tuple[str, str], _GpuEffects] = {}
         self._events: list[K8sEvent] = []
         gpu_ids = [str(g) for g in range(params.gpus)]
-        for t in scenario.truth(params.start_ns):  # by time, so each GPU's changes come in order
+        truth = scenario.truth(params.start_ns)
+        self._leaks = LeakEffects(truth)
+        self._idle_w = {(node.name, str(i)): g.idle_w for node in nodes for i, g in enumerate(node.gpus)}
+        for t in truth:  # by time, so each GPU's changes come in order
+            if t.kind == "leak":
+                continue  # played by LeakEffects
             for node in nodes:
                 hit = tuple(g for g in gpu_ids if t.covers(node.name, g))
                 if not hit:
@@ -133,6 +139,8 @@ class ScenarioPlayer:
 
     def apply(self, batches: list[SampleBatch]) -> list[SampleBatch]:
         """The batches with the scenario applied; a batch that spans a workload change is cut there."""
+        if self._leaks:
+            batches = [piece for b in batches for piece in self._leaks.apply(b, self._idle_w.get((b.node, b.gpu), 0.0))]
         out: list[SampleBatch] = []
         for b in batches:
             fx = self._effects.get((b.node, b.gpu))

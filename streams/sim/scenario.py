@@ -40,6 +40,17 @@ File format (version 1)::
     period_s = 50.0               # "diurnal": 1 down to level and back over the duration. level in (0, 2]
 
     [[event]]
+    kind = "leak"                 # one of the leak rules' leaks (streams.sim.leak_effects), or a look-alike
+    rule = "pipeline_stall"       # a rule name of streams.leaks
+    variant = "leak"              # "leak" (default) or one of the rule's look-alikes, e.g. "short"
+    node = "node-00"
+    gpu = "0"                     # "*" for checkpoint_io_storm (a node's leak)
+    start_s = 60.0
+    duration_s = 180.0
+    magnitude = 600.0             # optional, per rule (see LEAK_MAGNITUDES): wait ms, queue depth, ...
+    period_s = 60.0               # optional: checkpoint_io_storm's period
+
+    [[event]]
     kind = "workload_change"      # the GPUs' workload label changes from start_s on
     node = "node-00"
     gpu = "*"
@@ -48,7 +59,8 @@ File format (version 1)::
 
 Without ``expect``, a drop is labelled ``alert`` when it is at least ``ALERT_MIN_DEPTH``
 deep and ``ALERT_MIN_DURATION_S`` long, ``no_alert`` otherwise (dips and shallow
-drops); spikes, load changes and workload changes are labelled ``no_alert``.
+drops); a leak is labelled ``alert`` when it lasts at least its rule's ``LEAK_MIN_S``, a
+look-alike ``no_alert``; spikes, load changes and workload changes are labelled ``no_alert``.
 """
 
 from __future__ import annotations
@@ -59,6 +71,7 @@ import tomllib
 from dataclasses import dataclass
 from typing import Final, Literal, cast
 
+from streams.sim.leak_catalog import LEAK_MAGNITUDES, LEAK_MIN_S, LEAK_VARIANTS
 from streams.sim.physics import node_name
 
 SCENARIO_VERSION: Final = 1
@@ -67,10 +80,10 @@ ALERT_MIN_DEPTH: Final = 0.12
 ALERT_MIN_DURATION_S: Final = 3.0
 DEFAULT_SPIKE_MS: Final = 200.0
 
-EventKind = Literal["efficiency_drop", "spike", "load_change", "workload_change"]
+EventKind = Literal["efficiency_drop", "spike", "load_change", "workload_change", "leak"]
 LoadProfile = Literal["step", "square", "sine", "diurnal"]
 Expect = Literal["alert", "no_alert"]
-KINDS: Final[tuple[EventKind, ...]] = ("efficiency_drop", "spike", "load_change", "workload_change")
+KINDS: Final[tuple[EventKind, ...]] = ("efficiency_drop", "spike", "load_change", "workload_change", "leak")
 PROFILES: Final[tuple[LoadProfile, ...]] = ("step", "square", "sine", "diurnal")
 EXPECTS: Final[tuple[Expect, ...]] = ("alert", "no_alert")
 
@@ -82,6 +95,7 @@ _KIND_KEYS: Final[dict[str, tuple[str, ...]]] = {
     "spike": ("level", "duration_ms"),
     "load_change": ("duration_s", "profile", "level", "period_s"),
     "workload_change": ("new_workload",),
+    "leak": ("rule", "variant", "duration_s", "magnitude", "period_s"),
 }
 _NODE_RE: Final = re.compile(r"node-(\d+)")
 _GPU_RE: Final = re.compile(r"0|[1-9]\d*")
@@ -114,8 +128,11 @@ class ScenarioEvent:
     level: float = 0.0  # spike; load_change: the load factor
     new_workload: str | None = None  # workload_change; None: the simulator names it
     profile: LoadProfile = "step"  # load_change
-    period_s: float = 0.0  # load_change "square" and "sine"
+    period_s: float = 0.0  # load_change "square" and "sine"; leak: checkpoint_io_storm's period
     line: int | None = None  # of the event's [[event]] header, when the file uses headers
+    rule: str = ""  # leak
+    variant: str = "leak"  # leak: "leak" or a look-alike
+    magnitude: float = 0.0  # leak
 
     def covers(self, node: str, gpu: str) -> bool:
         """Whether the event concerns GPU ``gpu`` of ``node``."""
@@ -138,6 +155,9 @@ class TruthEvent:
     new_workload: str | None = None
     profile: LoadProfile = "step"
     period_s: float = 0.0
+    rule: str = ""
+    variant: str = "leak"
+    magnitude: float = 0.0
 
     def covers(self, node: str, gpu: str) -> bool:
         """Whether the event concerns GPU ``gpu`` of ``node``."""
@@ -185,7 +205,7 @@ class Scenario:
         """The events at absolute times for a run that starts at ``start_ns``, by start time."""
         out = [TruthEvent(e.index, e.kind, e.node, e.gpu, start_ns + _ns(e.start_s),
                           start_ns + _ns(e.start_s) + _ns(e.duration_s), e.expect, e.depth, e.level, e.new_workload,
-                          e.profile, e.period_s)
+                          e.profile, e.period_s, e.rule, e.variant, e.magnitude)
                for e in self.events]
         out.sort(key=lambda t: (t.start_ns, t.index))
         return out
@@ -316,6 +336,25 @@ def _event(t: dict[str, object], i: int, line: int | None, source: str) -> Scena
         period_s = number("period_s", 0.0, math.inf, lo_open=True) if periodic else 0.0
         return ScenarioEvent(i, "load_change", node, gpu, start_s, duration_s, expect or "no_alert", level=level,
                              profile=profile, period_s=period_s, line=line)
+    if kind == "leak":
+        rule = t.get("rule")
+        if rule not in LEAK_MAGNITUDES:
+            raise fail(f"rule must be one of {', '.join(map(repr, LEAK_MAGNITUDES))}, got {rule!r}")
+        variant = t.get("variant", "leak")
+        if variant not in LEAK_VARIANTS[rule]:
+            raise fail(f"variant of {rule} must be one of {', '.join(map(repr, LEAK_VARIANTS[rule]))}, "
+                       f"got {variant!r}")
+        duration_s = number("duration_s", 0.0, math.inf, lo_open=True)
+        magnitude = number("magnitude", 0.0, math.inf, lo_open=True, default=LEAK_MAGNITUDES[rule] or 1.0)
+        period_s = number("period_s", 5.0, 3600.0, default=60.0) if rule == "checkpoint_io_storm" else 0.0
+        if rule != "checkpoint_io_storm" and "period_s" in t:
+            raise fail("period_s is for checkpoint_io_storm")
+        if rule == "checkpoint_io_storm" and gpu != ANY:
+            raise fail('a checkpoint_io_storm is a node\'s leak: gpu must be "*"')
+        if expect is None:
+            expect = "alert" if variant == "leak" and duration_s >= LEAK_MIN_S[rule] else "no_alert"
+        return ScenarioEvent(i, "leak", node, gpu, start_s, duration_s, expect, line=line, rule=rule,
+                             variant=variant, magnitude=magnitude, period_s=period_s)
     new = t.get("new_workload")
     if new is not None and not (isinstance(new, str) and _WORKLOAD_RE.fullmatch(new)):
         raise fail(f"new_workload must be a Kubernetes name (lowercase letters, digits, '-', at most 63), "
@@ -325,10 +364,11 @@ def _event(t: dict[str, object], i: int, line: int | None, source: str) -> Scena
 
 
 def _check_overlaps(events: tuple[ScenarioEvent, ...], source: str) -> None:
-    """Events of one kind must not overlap on a GPU: stacked drops would make the labelled depth wrong."""
+    """Events of one kind (leaks: of one rule) must not overlap on a GPU: stacked drops would make the labelled
+    depth wrong."""
     for k, b in enumerate(events):
         for a in events[:k]:
-            if a.kind != b.kind or not _targets_meet(a, b):
+            if a.kind != b.kind or a.rule != b.rule or not _targets_meet(a, b):
                 continue
             if b.kind == "workload_change":
                 clash = a.start_s == b.start_s

@@ -9,6 +9,7 @@ from typing import Any
 
 import faust
 import numpy as np
+import orjson
 
 from agents.detect.agent import DetectRuntime, install
 from schemas.alerts import Alert
@@ -278,3 +279,40 @@ async def _a_leak_alert_keeps_its_id_across_a_restart() -> None:
         for i, m in enumerate(tail, start=100):
             await tc.put(value=m, key=b"node-1", partition=0, timestamp=(T0 + i * GRID) / 1e9)
     assert [(a.id, a.state) for a in second.alerts if a.rule == "idle_allocated"] == [(fired.id, "resolved")]
+
+
+def test_an_attribution_is_sent_once_across_a_restart() -> None:
+    asyncio.run(_an_attribution_is_sent_once_across_a_restart())
+
+
+async def _an_attribution_is_sent_once_across_a_restart() -> None:
+    from agents.runtime.history import _message_id
+    from schemas.alerts import encode_alert
+    from tests.unit.test_attribution import stall_frames
+
+    msgs = [encode_frame_message(m) for m in stall_frames(300)]
+    agent, _, first, _ = make(History([]))
+    async with agent.test_context() as tc:
+        await put_all(tc, msgs[:260])
+    stall = [a for a in first.alerts if a.rule == "pipeline_stall"]
+    assert [bool(a.causes) for a in stall] == [False, True] and stall[1].causes[0].cause == "disk_write"
+    # What the restarted agent reads back from the alerts topic names the attribution as its own message.
+    sent = {_message_id(encode_alert(a)) for a in first.alerts}
+    assert {a.message_id for a in first.alerts} == sent
+    agent2, _, second, _ = make(History(msgs[:260], sent=sent))
+    async with agent2.test_context() as tc:
+        for i, m in enumerate(msgs[260:], start=260):
+            await tc.put(value=m, key=b"node-1", partition=0, timestamp=(T0 + i * GRID) / 1e9)
+    assert not [a for a in second.alerts if a.rule == "pipeline_stall" and a.state == "firing"]
+
+
+def test_kubernetes_events_feed_the_attribution_book() -> None:
+    from agents.detect.events import feed
+    from streams.attribution.context import EventBook
+
+    book = EventBook()
+    raw = orjson.dumps({"v": 1, "node": "node-1", "ts_ns": T0, "type": "Warning", "reason": "OOMKilled",
+                        "kind": "Pod", "namespace": "ml", "pod": "llm-0", "gpus": ["0"], "message": "killed"})
+    assert feed(book, raw) and feed(book, raw) and not feed(book, b"{nope")
+    [h] = book.around("node-1", T0 - 1, T0 + 1)  # a redelivered event is one event
+    assert (h.reason, h.pod, h.gpus, h.type) == ("OOMKilled", "llm-0", ("0",), "Warning")

@@ -153,14 +153,23 @@ def test_alerts_fire_exactly_once_per_message_id_across_a_sigkill(base_settings:
 
     # Each message once on the topic: the restarted agent read which were already there.
     assert all(len(copies) == 1 for copies in alerts.values()), {k: len(v) for k, v in alerts.items()}
+    decoded = [decode_alert(c[0]) for c in alerts.values()]
+    # An attribution follows a firing with the same id when the series or events name a cause.
+    firing_ids = {a.id for a in decoded if a.state == "firing" and not a.causes}
+    attributions = [a for a in decoded if a.message_id.endswith(":causes")]
+    assert all(a.id in firing_ids for a in attributions)
     got = sorted((a.rule, a.state, a.node, a.gpu, (a.onset_ts_ns - params.start_ns) // S)
-                 for a in (decode_alert(c[0]) for c in alerts.values()))
+                 for a in decoded if a not in attributions)
     assert got == [("efficiency_drift", "firing", "node-00", "0", 40), ("efficiency_drift", "resolved", "node-00", "0", 40),
                    ("sm_spike", "firing", "node-00", "1", 30), ("sm_spike", "resolved", "node-00", "1", 30),
                    ("util_spike", "firing", "node-00", "1", 30), ("util_spike", "resolved", "node-00", "1", 30)], got
     backend = open_backend(base_settings)
     try:
-        _, rows = backend.rows(f"SELECT id, state FROM {base_settings.clickhouse_database}.detections FINAL")
+        _, rows = backend.rows(f"SELECT id, state, causes FROM {base_settings.clickhouse_database}.detections FINAL")
     finally:
         backend.close()
-    assert sorted(f"{i}:{s}" for i, s in rows) == sorted(alerts)
+    # One row per (id, state): an attribution replaces its firing's row, and brings its causes.
+    assert sorted(f"{i}:{s}" for i, s, _ in rows) == sorted({f"{a.id}:{a.state}" for a in decoded})
+    attributed = {a.id: [c.cause for c in a.causes] for a in attributions}
+    assert {i: [c["cause"] for c in orjson.loads(str(c))] for i, s, c in rows
+            if s == "firing" and i in attributed} == attributed

@@ -105,7 +105,7 @@ def test_toml_syntax_errors_keep_the_parser_position() -> None:
 
 
 @pytest.mark.parametrize(("event", "fragment"), [
-    ('node = "node-00"', "kind must be one of 'efficiency_drop', 'spike', 'load_change', 'workload_change', got None"),
+    ('node = "node-00"', "kind must be one of 'efficiency_drop', 'spike', 'load_change', 'workload_change', 'leak', got None"),
     ('kind = "dip"', "kind must be one of"),
     (DROP + "\ndept = 0.2", "unknown key(s) 'dept'; efficiency_drop takes kind, node, gpu, start_s, expect, "
                             "duration_s, depth"),

@@ -1,4 +1,4 @@
-"""Simulator samples to frames messages, for detector benchmarks: a numpy stand-in for the ingest's aligner.
+"""Simulator samples to frames messages, for detector tests and benchmarks: a numpy stand-in for the ingest's aligner.
 
 Each (node, gpu, sensor) series is cut at the grid and summarised by the catalog's
 aggregations (mean, max, last, increase with counter resets, last_nonzero, count), the derived
@@ -9,6 +9,7 @@ clock correction: the benchmarks judge the detectors, the alignment has its own 
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
@@ -46,13 +47,21 @@ def _agg(kind: str, k: np.ndarray, v: np.ndarray, n: int, prev_last: float | Non
 def frames(batches: Iterable[SampleBatch], start_ns: int, seconds: float, grid_ns: int) -> Iterator[FrameMessage]:
     """The frames of ``seconds`` of simulator output starting at ``start_ns``."""
     series: dict[tuple[str, str, str], tuple[list[int], list[float]]] = defaultdict(lambda: ([], []))
-    labels: dict[tuple[str, str], dict[str, str | int]] = {}
+    # Labels as the aligner keeps them: the latest a GPU's samples carried, from their time on.
+    changes: dict[tuple[str, str], list[tuple[int, dict[str, str | int]]]] = defaultdict(list)
     for b in batches:
         ts, vs = series[(b.node, b.gpu, b.sensor)]
         ts.extend(b.ts_ns)
         vs.extend(b.value)
-        if b.labels:
-            labels.setdefault((b.node, b.gpu), {}).update({k: v for k, v in b.labels.items() if v is not None})
+        if b.labels and b.ts_ns:
+            changes[(b.node, b.gpu)].append((b.ts_ns[0], {k: v for k, v in b.labels.items() if v is not None}))
+    label_times: dict[tuple[str, str], tuple[list[int], list[dict[str, str | int]]]] = {}
+    for key, ch in changes.items():
+        ch.sort(key=lambda x: x[0])
+        merged: list[dict[str, str | int]] = []
+        for _, lab in ch:
+            merged.append({**(merged[-1] if merged else {}), **lab})
+        label_times[key] = ([t for t, _ in ch], merged)
     n = int(seconds * 1e9) // grid_ns
     cols: dict[tuple[str, str], dict[str, np.ndarray]] = defaultdict(dict)
     for (node, gpu, sensor), (ts, vs) in series.items():
@@ -74,7 +83,9 @@ def frames(batches: Iterable[SampleBatch], start_ns: int, seconds: float, grid_n
                 if nd != node:
                     continue
                 values = {name: float(col[i]) for name, col in c.items() if not np.isnan(col[i])}
-                lab = labels.get((nd, gpu), {})
+                times, labs = label_times.get((nd, gpu), ([], []))
+                at = bisect.bisect_right(times, tick + grid_ns - 1) - 1
+                lab = labs[at] if at >= 0 else {}
                 derived: dict[str, float | None] = {}
                 if gpu != HOST_GPU:
                     util, sm = values.get("gpu_util"), values.get("tensor_active", values.get("sm_active"))
