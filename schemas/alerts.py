@@ -39,6 +39,9 @@ import orjson
 ALERT_VERSION: Final = 2
 READ_VERSIONS: Final = (1, 2)  # version 1: no causes
 MAX_CAUSES: Final = 16
+# The leak and trap rules (streams.leaks): their names are part of the contract.
+LEAK_RULES: Final = ("memory_fragmentation", "nccl_retransmit_storm", "nccl_slow_allreduce", "checkpoint_io_storm",
+                     "batching_collapse", "pipeline_stall", "idle_allocated")
 Severity = Literal["info", "warning", "critical"]
 AlertState = Literal["firing", "resolved"]
 EvidenceValue = int | float | str | bool | None

@@ -93,6 +93,37 @@ def gpu_frames_migrations(db: str, existing: set[str], layout: Layout = "current
     return [f"ALTER TABLE {db}.gpu_frames ADD COLUMN {d}" for d in wanted if d.split(" ", 1)[0] not in existing]
 
 
+def leak_episodes_query(db: str, rules: tuple[str, ...], layout: Layout = "current") -> str:
+    """One row per leak episode from ``detections``: start, end (now while it lasts), who, which rule, the
+    USD per hour it burns (its evidence's ``cost_usd_per_h``) and the USD burnt so far, and its likeliest
+    cause. Exact without FINAL: an episode's rows are grouped by its id.
+
+    >>> print(leak_episodes_query("fw", ("idle_allocated",)).splitlines()[-2])
+    FROM (SELECT * FROM fw.detections WHERE rule IN ('idle_allocated'))
+    """
+    check_identifier(db)
+    for r in rules:
+        check_identifier(r)
+    cur = layout == "current"
+    now = "toDateTime64(now64(3), 3, 'UTC')" if cur else "toUInt64(now()) * 1000"
+    ms = "toUnixTimestamp64Milli({})" if cur else "{}"
+    names = ", ".join(f"'{r}'" for r in rules)
+    return (
+        "SELECT id, any(rule) AS rule, any(node) AS node, any(gpu) AS gpu, anyLast(workload) AS workload,\n"
+        "  anyLast(namespace) AS namespace, min(onset_ts) AS start_ts, countIf(state = 'resolved') > 0 AS resolved,\n"
+        f"  if(resolved, maxIf(ts, state = 'resolved'), {now}) AS end_ts,\n"
+        "  max(visitParamExtractFloat(evidence, 'cost_usd_per_h')) AS usd_per_h,\n"
+        f"  round(usd_per_h * ({ms.format('end_ts')} - {ms.format('start_ts')}) / 3600000, 4) AS usd,\n"
+        "  visitParamExtractString(argMax(causes, length(causes)), 'cause') AS cause\n"
+        f"FROM (SELECT * FROM {db}.detections WHERE rule IN ({names}))\n"  # the aliases above shadow the columns
+        "GROUP BY id")
+
+
+def leak_episodes_view(db: str, rules: tuple[str, ...]) -> str:
+    """``leak_episodes``: the leak ledger for SQL users (the current layout; see ``leak_episodes_query``)."""
+    return f"CREATE OR REPLACE VIEW {check_identifier(db)}.leak_episodes AS\n{leak_episodes_query(db, rules)}"
+
+
 def detections_migrations(db: str, existing: set[str]) -> list[str]:
     """ALTERs that bring a ``detections`` made by an older flopwatch up to date.
 

@@ -234,11 +234,13 @@ def demo(ctx: click.Context, duration: float, nodes: int, gpus: int) -> None:
 
 from agents.cli.act import act  # noqa: E402  (commands of their own modules, hung on cli here)
 from agents.cli.alerts import alerts  # noqa: E402
+from agents.cli.leaks import leaks  # noqa: E402
 from agents.cli.sql import sql  # noqa: E402
 
 cli.add_command(act)
 cli.add_command(alerts)
 cli.add_command(sql)
+cli.add_command(leaks)
 
 
 def main() -> None:

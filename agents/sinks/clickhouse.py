@@ -18,6 +18,7 @@ import orjson
 
 from agents.settings import Settings
 from schemas import ddl
+from schemas.alerts import LEAK_RULES
 
 log = logging.getLogger(__name__)
 Columns = dict[str, Any]  # column name -> list or numpy array
@@ -221,3 +222,5 @@ def ensure_schema(backend: Backend, retention_days: int = 400) -> None:
                            "AND table = 'detections'")
     for stmt in ddl.detections_migrations(backend.database, {str(r[0]) for r in rows}):
         backend.execute(stmt)
+    if backend.layout == "current":  # the legacy server reads the ledger through `flopwatch leaks` only
+        backend.execute(ddl.leak_episodes_view(backend.database, LEAK_RULES))

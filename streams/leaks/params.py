@@ -25,10 +25,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from schemas.alerts import LEAK_RULES
 from streams.policy.tables import PolicyError, build_section, check_keys, table
 
-RULES: Final = ("memory_fragmentation", "nccl_retransmit_storm", "nccl_slow_allreduce", "checkpoint_io_storm",
-                "batching_collapse", "pipeline_stall", "idle_allocated")
+RULES: Final = LEAK_RULES
 
 
 @dataclass(frozen=True, slots=True)
