@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
 
 from streams.align.aligner import AlignParams
+from streams.attribution.rank import AttributionParams
 from streams.decide.params import DecideParams, parse_decide_policy
 from streams.detect.detectors import DetectParams
 from streams.detect.drift_params import DriftParams
@@ -157,6 +158,9 @@ class Settings:
     """L1 spike rule: sliding-window P99 of gpu_util above this (%); FLOPWATCH_SPIKE_UTIL_PCT."""
     spike_sm_active: float = SPIKE_THRESHOLDS["sm_active"]
     """L1 spike rule: sliding-window P99 of sm_active above this (ratio); FLOPWATCH_SPIKE_SM_ACTIVE."""
+    attribution: bool = True
+    """Follow each firing alert with its likely causes (a second message with the same id; docs/leaks.md);
+    FLOPWATCH_ATTRIBUTION."""
     detect_replay_s: float = 180.0
     """Frames replayed (event time) to rebuild detector state after a restart or rebalance; at least what the
     enabled leak rules need (``LeakParams.history_s``: 1,020 s with the default policy); FLOPWATCH_DETECT_REPLAY_S."""
@@ -207,6 +211,7 @@ class Settings:
                               min_baseline_ns=min(baseline_ns, _DRIFT.min_baseline_ns), detector=self.drift_detector),
             spike_thresholds={"gpu_util": self.spike_util_pct, "sm_active": self.spike_sm_active},
             leaks=self.leak_params(),
+            attribution=AttributionParams(enabled=self.attribution),
         )
 
     def replace(self, **changes: Any) -> Settings:

@@ -83,6 +83,8 @@ EVENT_WEIGHT: Final[Mapping[str, float]] = {
     "FailedScheduling": 0.6, "Scheduled": 0.55, "Rescheduled": 0.65, "TaintManagerEviction": 0.85,
     "FailedMount": 0.6, "FailedAttachVolume": 0.6, "XidError": 0.85,
 }
+# A 200 ms load spike is a symptom of load, seldom the cause of a lasting episode.
+_TRANSIENT_RULES: Final = frozenset({"util_spike", "sm_spike"})
 _QUIET_EVENTS: Final = frozenset({"PodLabels", "Pulling", "Pulled", "Created", "Started", "SuccessfulCreate",
                                   "ScalingReplicaSet", "SuccessfulDelete"})
 
@@ -93,7 +95,7 @@ class AttributionParams:
     window_s: float = 300.0  # aligned history kept per GPU (at most max_ticks ticks)
     max_ticks: int = 600
     event_window_s: float = 600.0  # events, detections and label changes this long before the onset count
-    fade_s: float = 300.0  # ... fading by e^(-distance / fade_s)
+    fade_s: float = 900.0  # ... fading by e^(-distance / fade_s)
     max_lag_s: float = 10.0
     max_p: float = 1e-3
     min_r: float = 0.3
@@ -177,7 +179,7 @@ def _timing(lead_s: float, tick_s: float, params: AttributionParams) -> float:
     """How well a change ``lead_s`` before the symptom's fits a cause: leading by up to ``max_lead_s`` in full,
     at the same tick 0.8, long before fading (a coincidence, not a cause), after the symptom 0.3."""
     if lead_s > tick_s:
-        return 1.0 if lead_s <= params.max_lead_s else math.exp(-(lead_s - params.max_lead_s) / params.max_lead_s)
+        return 1.0 if lead_s <= params.max_lead_s else math.exp(-2.0 * (lead_s - params.max_lead_s) / params.max_lead_s)
     return 0.8 if lead_s >= -tick_s else 0.3
 
 
@@ -189,8 +191,8 @@ def _strength(p: float, effect: float) -> float:
 
 def _change(times: np.ndarray, x: np.ndarray, params: AttributionParams,
             between: tuple[int, int] | None = None) -> tuple[int, float, float] | None:
-    """(time, p, effect size) of the single change point that best splits ``x`` (at a time within ``between``
-    when given), or None when none is significant."""
+    """(time, p, effect size) of the single change point that best splits ``x``, or None when none is
+    significant (or, given ``between``, when it is not within it)."""
     ok = ~np.isnan(x)
     if ok.sum() < params.min_points:
         return None
@@ -208,13 +210,11 @@ def _change(times: np.ndarray, x: np.ndarray, params: AttributionParams,
     lo = max(3, n // 20)
     if n - 2 * lo < 1:
         return None
-    allowed = np.zeros(n - 1, dtype=bool)
-    allowed[lo - 1:n - lo] = True
-    if between is not None:  # split j starts the second segment at t[j + 1]
-        allowed &= (t[1:] >= between[0]) & (t[1:] <= between[1])
-    if not allowed.any():
+    j = lo - 1 + int(np.argmax(score[lo - 1:n - lo]))
+    # The series' own best split must fall where a cause's would (split j starts the second segment at t[j + 1]):
+    # a step just outside, seen through the window's edge, is not moved in.
+    if between is not None and not between[0] <= t[j + 1] <= between[1]:
         return None
-    j = int(np.argmax(np.where(allowed, score, -1.0)))
     a, b = v[:j + 1], v[j + 1:]
     sd = math.sqrt((float(a.var()) + float(b.var())) / 2.0)
     if sd == 0:
@@ -250,10 +250,14 @@ def context_causes(happenings: Iterable[Happening], gpu: str, pod: str, onset_ns
     out = []
     for h in happenings:
         distance_s = abs(onset_ns - h.ts_ns) / S
-        fade = math.exp(-distance_s / params.fade_s) * (0.8 if h.ts_ns > onset_ns else 1.0)
+        # What began after the episode did is more likely its consequence (a drift while a checkpoint storm
+        # blocks the GPUs, an OOM kill after memory leaked): it counts less, a Kubernetes event least so.
+        after = h.ts_ns > onset_ns
+        fade = math.exp(-distance_s / params.fade_s) * ((0.5 if h.type not in ("detection", "labels") else 0.3)
+                                                        if after else 1.0)
         mine = (h.pod and h.pod == pod) or gpu in h.gpus
         if h.type == "detection":
-            base = 0.75 if gpu in h.gpus else 0.5
+            base = (0.75 if gpu in h.gpus else 0.5) * (0.4 if h.reason in _TRANSIENT_RULES else 1.0)
             ev: dict[str, EvidenceValue] = {"source": "detection", "gpu": h.gpus[0] if h.gpus else None,
                                             "lead_s": round((onset_ns - h.ts_ns) / S, 3), "id": h.detail}
         elif h.type == "labels":

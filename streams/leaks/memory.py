@@ -81,6 +81,10 @@ class Fragmentation:
         for gap_kind, gap, far, grower in (("driver", fb - res, p.driver_ratio * res[-1], fb),
                                            ("allocator", res - alloc, p.allocator_ratio * alloc[-1], res)):
             now = float(gap[-3:].mean())
+            if now < max(p.min_gap_mib, far) and not self.ep.firing:
+                if gap_kind == "driver":
+                    self._last = {"gap": gap_kind, "gap_mib": round(now, 1)}
+                continue  # not far above normal: no slope to fit (the common case, and the dear part)
             slope, _, lo, _ = theilslopes(gap, minutes, alpha=0.95)
             # Growth, not a step: each half of the window grows too (a cache that jumped once is flat in both).
             half = len(gap) // 2

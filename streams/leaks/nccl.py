@@ -48,7 +48,19 @@ class RetransmitStorm:
         self._base_util = Slots(_SLOT_NS, int(params.baseline_s * S))
         self._util = Recent(int(params.window_s * S))
         self._pending: deque[tuple[int, float, float | None]] = deque()
+        self._stats: tuple[float, float] | None = None  # the baseline's (mean per tick, dispersion), per slot
         self._price: float | None = None
+
+    def _base_stats(self) -> tuple[float, float]:
+        """Mean retries per tick, and their dispersion: retries come in clusters (a slow collective retries
+        several times), so the test is quasi-Poisson, the counts scaled by the variance over the mean of
+        the baseline's 10 s slot counts."""
+        if self._stats is None:
+            means = np.asarray(self._base.means())
+            mean = float(means.mean())
+            per_slot = _SLOT_NS / self.grid_ns
+            self._stats = (mean, max(1.0, float(means.var()) * per_slot / mean) if mean > 0 else 1.0)
+        return self._stats
 
     def update(self, t_ns: int, g: GpuFrame) -> LeakEvent | None:
         p = self.p
@@ -66,13 +78,9 @@ class RetransmitStorm:
         k = self._now.total()
         seconds = len(self._now) * grid_s
         if self._base.covered_ns >= p.learn_s * S and self._now.covered_ns >= p.window_s * S / 2:
-            means = np.asarray(self._base.means())
-            base_rate = max(float(means.mean()) / grid_s, p.min_base_per_s)
+            mean, dispersion = self._base_stats()
+            base_rate = max(mean / grid_s, p.min_base_per_s)
             expected = base_rate * seconds
-            # Retries come in clusters (a slow collective retries several times): a quasi-Poisson test, the
-            # counts scaled by the baseline's dispersion (variance over mean of its 10 s slot counts).
-            per_slot = _SLOT_NS / self.grid_ns
-            dispersion = max(1.0, float(means.var()) * per_slot / float(means.mean())) if means.mean() > 0 else 1.0
             bad = (k >= p.factor * expected and k >= p.min_count
                    and float(poisson.sf(k / dispersion - 1, expected / dispersion)) < p.max_p)
         step = self.ep.step(t_ns, bad)
@@ -83,7 +91,8 @@ class RetransmitStorm:
             self._pending.clear()
         while self._pending and self._pending[0][0] <= t_ns - p.window_s * S:
             t0, r0, u0 = self._pending.popleft()
-            self._base.add(t0, r0)
+            if self._base.add(t0, r0):
+                self._stats = None
             if u0 is not None:
                 self._base_util.add(t0, u0)
         if step is None:
@@ -122,11 +131,14 @@ class SlowAllreduce:
         if util is not None:
             self._util.add(t_ns, util)
         self._price = price_per_h(g, self.grid_ns) or self._price
-        now, base = self._now.median(), self._base_med
+        base = self._base_med
+        now = None
         bad = False
-        if base is not None and now is not None and self._base.covered_ns >= p.learn_s * S \
-                and self._now.covered_ns >= p.window_s * S / 2:
-            bad = now >= p.factor * base and now - base >= p.min_excess_ms
+        if base is not None and self._base.covered_ns >= p.learn_s * S and self._now.covered_ns >= p.window_s * S / 2:
+            slow = ms >= p.factor * base and ms - base >= p.min_excess_ms
+            if slow or self.ep.pending_onset is not None:  # a fast tick cannot start an episode: no median needed
+                now = self._now.median()
+                bad = now is not None and now >= p.factor * base and now - base >= p.min_excess_ms
         step = self.ep.step(t_ns, bad)
         if not bad and not self.ep.firing and self.ep.pending_onset is None:
             if self._base.add(t_ns, ms):
@@ -135,7 +147,7 @@ class SlowAllreduce:
                 self._base_util.add(t_ns, util)
         if step is None:
             return None
-        assert now is not None
+        now = now if now is not None else self._now.median() or 0.0
         bu, nu = self._base_util.median(), self._util.mean()
         lost = util_drop(bu, nu)
         return LeakEvent(SLOW_RULE, "firing" if step == "fire" else "resolved", self.ep.last_onset_ns, t_ns,

@@ -49,13 +49,18 @@ class BatchingCollapse:
             self._now[k].add(t_ns, v)
         self._price = price_per_h(g, self.grid_ns) or self._price
         bq, bu, blat = (self._base_med[k] for k in _SERIES)
-        nq, nu, nlat = (self._now[k].median() for k in _SERIES)
+        nq = nu = nlat = None
         bad = False
-        if (bq is not None and bu is not None and blat is not None and nq is not None and nu is not None
-                and nlat is not None and self._base["gpu_util"].covered_ns >= p.learn_s * S
-                and bu >= p.min_base_util_pct):
-            bad = (nq >= max(p.queue_factor * bq, bq + p.min_queue_rise) and nu <= p.util_ratio * bu
-                   and nlat >= p.latency_factor * blat)
+        if (bq is not None and bu is not None and blat is not None
+                and self._base["gpu_util"].covered_ns >= p.learn_s * S and bu >= p.min_base_util_pct):
+            q_bar, u_bar, lat_bar = max(p.queue_factor * bq, bq + p.min_queue_rise), p.util_ratio * bu, \
+                p.latency_factor * blat
+            # The window's medians only when this tick itself looks collapsed or an episode is open: a healthy
+            # tick cannot start one, and most ticks are healthy.
+            if (q >= q_bar and u <= u_bar and lat >= lat_bar) or self.ep.pending_onset is not None:
+                nq, nu, nlat = (self._now[k].median() for k in _SERIES)
+                assert nq is not None and nu is not None and nlat is not None
+                bad = nq >= q_bar and nu <= u_bar and nlat >= lat_bar
         step = self.ep.step(t_ns, bad)
         if not bad and not self.ep.firing and self.ep.pending_onset is None:
             for k, v in zip(_SERIES, (q, u, lat), strict=True):
@@ -63,7 +68,9 @@ class BatchingCollapse:
                     self._base_med[k] = self._base[k].median()
         if step is None:
             return None
-        assert nq is not None and nu is not None and nlat is not None and bu is not None
+        if nq is None or nu is None or nlat is None:
+            nq, nu, nlat = (self._now[k].median() or 0.0 for k in _SERIES)
+        assert bu is not None
         return LeakEvent(RULE, "firing" if step == "fire" else "resolved", self.ep.last_onset_ns, t_ns,
                          value=round(nu, 3), threshold=round(p.util_ratio * bu, 3), baseline=round(bu, 3),
                          evidence={"queue_depth": round(nq, 3), "queue_baseline": _r(bq),

@@ -22,17 +22,21 @@ import numpy as np
 class Recent:
     """The values of the ticks within ``span_ns`` of the latest one."""
 
-    __slots__ = ("_items", "span_ns")
+    __slots__ = ("_items", "_sum", "span_ns")
 
     def __init__(self, span_ns: int) -> None:
         self.span_ns = span_ns
         self._items: deque[tuple[int, float]] = deque()
+        self._sum = 0.0  # kept as items come and go; re-summed now and then against drift
 
     def add(self, t_ns: int, v: float) -> None:
         items = self._items
         items.append((t_ns, v))
+        self._sum += v
         while items and items[0][0] <= t_ns - self.span_ns:
-            items.popleft()
+            self._sum -= items.popleft()[1]
+        if not items or len(items) == 1:
+            self._sum = sum(x for _, x in items)
 
     def values(self) -> list[float]:
         return [v for _, v in self._items]
@@ -41,7 +45,7 @@ class Recent:
         return float(np.median(self.values())) if self._items else None
 
     def total(self) -> float:
-        return sum(v for _, v in self._items)
+        return self._sum
 
     def mean(self) -> float | None:
         return self.total() / len(self._items) if self._items else None
@@ -58,6 +62,7 @@ class Recent:
 
     def clear(self) -> None:
         self._items.clear()
+        self._sum = 0.0
 
 
 class Slots:

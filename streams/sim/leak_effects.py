@@ -31,6 +31,8 @@ _ACTIVITY: Final = ("gpu_util", "sm_active", "tensor_active")
 _CAUSE_LEAD_NS: Final = 3 * S  # a planted root cause starts this long before the symptom
 _BURST_NS: Final = 4 * S  # a checkpoint's write
 _RAMP_NS: Final = 60 * S  # a batching collapse reaches its cliff in this long
+_SILENT_WHEN_IDLE: Final = frozenset({"queue_depth", "request_rate", "request_latency_ms", "dataloader_wait_ms",
+                                      "nccl_allreduce_ms", "nccl_retries"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +66,8 @@ class LeakEffects:
         """The batch with every leak that concerns it applied; an unallocated look-alike cuts it at its edges."""
         if not self._leaks:
             return [b]
+        if b.sensor in _SILENT_WHEN_IDLE:
+            b = self._silence(b)
         values = self.rewrite(b.sensor, b.node, b.gpu, b.ts_ns, b.value, idle_w)
         if values is not b.value:
             b = SampleBatch(b.sensor, b.node, b.gpu, b.ts_ns, values, b.clock, b.labels)
@@ -82,6 +86,18 @@ class LeakEffects:
                     out[i] = v
                     touched = True
         return out if touched else list(values)
+
+    def _silence(self, b: SampleBatch) -> SampleBatch:
+        """A GPU that does nothing (idle, or loading weights) takes no steps and serves no requests."""
+        quiet = [(lk.start, lk.end) for lk in self._leaks if lk.rule == "idle_allocated" and lk.covers(b.node, b.gpu)
+                 and b.gpu != HOST_GPU]
+        if not quiet:
+            return b
+        keep = [i for i, t in enumerate(b.ts_ns) if not any(lo <= t < hi for lo, hi in quiet)]
+        if len(keep) == len(b.ts_ns):
+            return b
+        return SampleBatch(b.sensor, b.node, b.gpu, [b.ts_ns[i] for i in keep], [b.value[i] for i in keep], b.clock,
+                           b.labels)
 
     def _unallocate(self, b: SampleBatch) -> list[SampleBatch]:
         cut = [lk for lk in self._leaks if lk.variant == "unallocated" and lk.covers(b.node, b.gpu)
@@ -108,7 +124,7 @@ def _one(lk: _Leak, sensor: str, host: bool, t: int, v: float, idle_w: float) ->
     inside = lk.start <= t < lk.end
     rule, var = lk.rule, lk.variant
     if rule == "checkpoint_io_storm":
-        return _checkpoint(lk, sensor, host, t, v)
+        return _checkpoint(lk, sensor, host, t, v, idle_w)
     if host:
         if rule == "pipeline_stall" and var == "leak" and sensor == "host_cpu_util" \
                 and lk.start - _CAUSE_LEAD_NS <= t < lk.end:
@@ -200,7 +216,7 @@ def _memory(lk: _Leak, sensor: str, t: int, v: float) -> float | None:
     return v * 0.4 if sensor == "torch_allocated" else None  # flat_cache: a large, steady cache
 
 
-def _checkpoint(lk: _Leak, sensor: str, host: bool, t: int, v: float) -> float | None:
+def _checkpoint(lk: _Leak, sensor: str, host: bool, t: int, v: float, idle_w: float) -> float | None:
     if not lk.start <= t < lk.end:
         return None
     k, into = divmod(t - lk.start, lk.period)
@@ -211,6 +227,6 @@ def _checkpoint(lk: _Leak, sensor: str, host: bool, t: int, v: float) -> float |
         return lk.magnitude / (_BURST_NS / S) if burst else min(v, 2e7)  # the job's own writes are these
     if sensor == "torch_allocated" and lk.variant == "state_changes":
         return v * (1.0 + 0.25 * k)  # the state grows each period: its checkpoints are legitimately full
-    if burst and sensor in _ACTIVITY:
-        return 2.0 if sensor == "gpu_util" else 0.02
+    if burst and (sensor in _ACTIVITY or sensor == "power"):  # the GPUs wait on the write: idle, at idle power
+        return _quiet(sensor, v, 0.03, idle_w)
     return None
