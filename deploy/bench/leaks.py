@@ -14,8 +14,9 @@ Four parts, each printed as one JSON object:
 - ``attribution``: ``--cases`` synthetic alerts on one GPU, each with one planted cause among
   distractors: a series that steps 1-25 s before the symptom (its size 2-8 noise sigmas, the
   other series noisy, three of them stepping at random times outside 45 s before to 15 s after
-  the onset, the symptom's mirrors following it), or a Kubernetes event of the pod 5-300 s before the onset (with another pod's events and
-  routine events around), or a label change; the planted cause's rank: top-1 and top-3 accuracy.
+  the onset, the symptom's mirrors following it), or a Kubernetes event of the pod 12-300 s
+  before the onset (with another pod's events and routine events around), or a label change;
+  the planted cause's rank: top-1 and top-3 accuracy.
 - ``cost``: seconds per frame of ``Detectors.on_message`` on the same frames (4 x 4 GPUs, 15 min)
   with everything on, against drift and spikes alone (leak rules and attribution off), median of
   three rounds each, alternating.
