@@ -104,14 +104,17 @@ class LiveView:
         return t
 
     def alert_table(self, t0_ns: int) -> Table:
-        t = Table("t s", "state", "rule", "node/gpu", "value", "threshold", "baseline",
-                  title="alerts (flopwatch.alerts, ClickHouse detections)")
+        t = Table("t s", "state", "rule", "node/gpu", "value", "threshold", "baseline", "USD/h", "likely cause",
+                  title="alerts (flopwatch.alerts, ClickHouse detections); a leak's USD/h is what it burns")
         for a in self.alerts:
             style = "red" if a.state == "firing" else "green"
+            usd = a.evidence.get("cost_usd_per_h")
+            cause = f"{a.causes[0].cause} ({a.causes[0].confidence:.2f})" if a.causes else ""
             t.add_row(f"{(a.ts_ns - t0_ns) / 1e9:5.0f}", f"[{style}]{a.state}[/{style}]", a.rule, f"{a.node}/{a.gpu}",
-                      _fmt(a.value, "{:.4g}"), _fmt(a.threshold, "{:.4g}"), _fmt(a.baseline, "{:.4g}"))
+                      _fmt(a.value, "{:.4g}"), _fmt(a.threshold, "{:.4g}"), _fmt(a.baseline, "{:.4g}"),
+                      f"{usd:.2f}" if isinstance(usd, int | float) else "", cause)
         if not self.alerts:
-            t.add_row("", "", "none yet", "", "", "", "")
+            t.add_row("", "", "none yet", "", "", "", "", "", "")
         return t
 
 
@@ -148,6 +151,20 @@ def _summary(settings: Settings) -> Table:
     for r in rows:
         table.add_row(*("NULL" if v is None else str(v) for v in r))
     return table
+
+
+def _leak_summary(settings: Settings) -> str:
+    """The leak ledger of the run, as `flopwatch leaks` prints it."""
+    from agents.cli.leaks import ledger_query, render
+
+    backend = open_backend(settings)
+    try:
+        sql, params = ledger_query(backend.database, backend.layout, 3600.0, None, 20,
+                                   native=settings.clickhouse_backend != "chdb")
+        names, rows = backend.rows(sql, params)
+    finally:
+        backend.close()
+    return render([dict(zip(names, r, strict=True)) for r in rows], "the run (flopwatch leaks)").rstrip()
 
 
 def run_demo(settings: Settings, duration: float, nodes: int, gpus: int, root: Path) -> None:
@@ -193,6 +210,7 @@ def run_demo(settings: Settings, duration: float, nodes: int, gpus: int, root: P
         console.print(view.alert_table(params.start_ns))
         console.print(view.decision_table(params.start_ns))
         console.print(_summary(settings))
+        console.print(_leak_summary(settings))
         console.print(f"data: {Path(settings.chdb_path).resolve()}\ntry: flopwatch sql \"SELECT ts, node, gpu, "
                       "tflops, flops_per_watt, cost_per_tflops FROM flopwatch.gpu_frames ORDER BY ts DESC LIMIT 5\"")
     finally:

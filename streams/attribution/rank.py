@@ -11,8 +11,10 @@ Four kinds of witness, each a ``Cause`` with a confidence in [0, 1]:
   correlation (a step below ``strong_p`` counts even with no correlation: noise can hide it),
   weighed by when it stepped: up to ``max_lead_s`` before the symptom in full (a
   root cause leads), at the same tick 0.8, long before fading, after it 0.3. A series with no
-  single step (periodic bursts) counts when it moves closely with the symptom (0.8 |r|). Series that are the symptom
-  seen another way (``MIRRORS``: power, SM and tensor activity mirror utilisation) are not causes.
+  single step (periodic bursts) counts when it moves closely with the symptom (0.8 |r|, at
+  least 0.6); one that steps at the symptom's very tick with no correlation is a co-consequence.
+  Series that are the symptom seen another way (``MIRRORS``: power, SM and tensor activity
+  mirror utilisation) are not causes.
 - **Kubernetes events** of the node within ``event_window_s`` before the onset (and up to the
   alert) that concern the alert's pod or GPU or the whole node: OOMKilled, Evicted, BackOff,
   node pressure ...; the confidence of the reason (``EVENT_WEIGHT``), fading with distance from
@@ -80,7 +82,7 @@ EVENT_WEIGHT: Final[Mapping[str, float]] = {
     "BackOff": 0.85, "CrashLoopBackOff": 0.85, "Failed": 0.7, "Unhealthy": 0.7, "Killing": 0.75,
     "NodeNotReady": 0.85, "NodeHasDiskPressure": 0.8, "NodeHasInsufficientMemory": 0.8, "NodeHasMemoryPressure": 0.8,
     "EvictionThresholdMet": 0.8, "NodeHasInsufficientPID": 0.75, "SystemOOM": 0.9, "Rebooted": 0.85,
-    "FailedScheduling": 0.6, "Scheduled": 0.55, "Rescheduled": 0.65, "TaintManagerEviction": 0.85,
+    "FailedScheduling": 0.6, "Scheduled": 0.3, "Rescheduled": 0.65, "TaintManagerEviction": 0.85,
     "FailedMount": 0.6, "FailedAttachVolume": 0.6, "XidError": 0.85,
 }
 # A 200 ms load spike is a symptom of load, seldom the cause of a lasting episode.
@@ -157,19 +159,21 @@ def series_witnesses(rule: str, times: np.ndarray, block: np.ndarray, onset_ns: 
         r = r_or_none or 0.0
         # A series whose step lines up with the symptom's counts even when its noise hides the correlation (a
         # training job's phases make NVLink traffic bimodal): the timing of strong steps is evidence of its own.
-        stepped = ch is not None and y_change is not None and ch[1] <= params.strong_p
+        stepped = (ch is not None and y_change is not None and ch[1] <= params.strong_p
+                   and (y_change[0] - ch[0]) > tick_ns)  # a step at the symptom's very tick is a co-consequence
         if abs(r) < params.min_r and not stepped:
             continue
         ev: dict[str, EvidenceValue] = {"source": "series", "r": round(r, 4), "lag_s": round(lag * tick_s, 3),
                                         "symptom": symptom}
+        conf, when = 0.0, float(onset_ns)
         if ch is not None and y_change is not None:
             lead_s = (y_change[0] - ch[0]) / S
             conf = _timing(lead_s, tick_s, params) * (0.5 * _strength(ch[1], ch[2]) + 0.5 * abs(r))
             ev.update(lead_s=round(lead_s, 3), change_p=float(f"{ch[1]:.3g}"), effect=round(ch[2], 2))
             when = float(ch[0])
-        elif abs(r) >= params.min_periodic_r:  # no single step (periodic bursts): the co-movement alone
-            conf, when = 0.8 * abs(r), float(onset_ns)
-        else:
+        if abs(r) >= params.min_periodic_r:  # periodic bursts have no single step: the co-movement counts alone
+            conf = max(conf, 0.8 * abs(r))
+        if conf <= 0.0:
             continue
         out.append((Cause(name, round(min(1.0, conf), 4), ev), when))
     return out
