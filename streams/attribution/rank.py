@@ -20,7 +20,9 @@ Four kinds of witness, each a ``Cause`` with a confidence in [0, 1]:
   node pressure ...; the confidence of the reason (``EVENT_WEIGHT``), fading with distance from
   the onset.
 - **other detections** of the node in that window: another rule on the same GPU (0.75) or on a
-  neighbour (0.5), fading alike.
+  neighbour (0.35), fading alike.
+- **the rule itself**, where it knows its driver (``RULE_CAUSES``): a checkpoint storm's
+  ``disk_write`` (0.9), a stall's ``dataloader_wait_ms`` (0.6, behind a root that leads it).
 - **label changes** of the GPU in that window (``workload_changed``, ``pod_changed``: 0.7).
 
 The same cause from two witnesses keeps the higher confidence; the list is sorted by confidence
@@ -76,6 +78,10 @@ MIRRORS: Final[Mapping[str, frozenset[str]]] = {
 # What a rule itself sees beside its symptom: its evidence, not its cause.
 RULE_SEES: Final[Mapping[str, frozenset[str]]] = {
     "batching_collapse": frozenset({"queue_depth", "request_latency_ms"}),
+}
+# What a rule itself knows drives it: a checkpoint storm is its writes; a stall's link to its root is the wait.
+RULE_CAUSES: Final[Mapping[str, tuple[str, float]]] = {
+    "checkpoint_io_storm": ("disk_write", 0.9), "pipeline_stall": ("dataloader_wait_ms", 0.6),
 }
 EVENT_WEIGHT: Final[Mapping[str, float]] = {
     "OOMKilled": 0.95, "OOMKilling": 0.95, "Evicted": 0.9, "Preempting": 0.85, "Preempted": 0.85,
@@ -133,7 +139,14 @@ def series_causes(rule: str, times: np.ndarray, block: np.ndarray, onset_ns: int
 
 def series_witnesses(rule: str, times: np.ndarray, block: np.ndarray, onset_ns: int,
                      params: AttributionParams) -> list[tuple[Cause, float]]:
-    """Each candidate series as (cause, when it changed)."""
+    """Each candidate series as (cause, when it changed); the rule's own driver (``RULE_CAUSES``) among them."""
+    native = RULE_CAUSES.get(rule)
+    out = [] if native is None else [(Cause(native[0], native[1], {"source": "rule", "rule": rule}), float(onset_ns))]
+    return out + _series_witnesses(rule, times, block, onset_ns, params)
+
+
+def _series_witnesses(rule: str, times: np.ndarray, block: np.ndarray, onset_ns: int,
+                      params: AttributionParams) -> list[tuple[Cause, float]]:
     symptom = SYMPTOM.get(rule)
     if symptom is None or times.size < params.min_points:
         return []
@@ -261,7 +274,7 @@ def context_causes(happenings: Iterable[Happening], gpu: str, pod: str, onset_ns
                                                         if after else 1.0)
         mine = (h.pod and h.pod == pod) or gpu in h.gpus
         if h.type == "detection":
-            base = (0.75 if gpu in h.gpus else 0.5) * (0.4 if h.reason in _TRANSIENT_RULES else 1.0)
+            base = (0.75 if gpu in h.gpus else 0.35) * (0.4 if h.reason in _TRANSIENT_RULES else 1.0)
             ev: dict[str, EvidenceValue] = {"source": "detection", "gpu": h.gpus[0] if h.gpus else None,
                                             "lead_s": round((onset_ns - h.ts_ns) / S, 3), "id": h.detail}
         elif h.type == "labels":

@@ -137,6 +137,9 @@ def _one(lk: _Leak, sensor: str, host: bool, t: int, v: float, idle_w: float) ->
         if var == "leak":
             return v + lk.magnitude * (min(t, lk.end) - lk.start) / S
         return v + 5.0 * ((min(t, lk.end) - lk.start) // (120 * S))  # a cluster of 5 every 2 minutes
+    if rule in ("nccl_retransmit_storm", "nccl_slow_allreduce") and var == "leak" \
+            and sensor in ("nvlink_tx", "nvlink_rx") and lk.start - _CAUSE_LEAD_NS <= t < lk.end:
+        return v * 0.1  # the link flaps or degrades first: the root cause
     if not inside:
         return None
     if rule == "idle_allocated":
@@ -175,8 +178,6 @@ def _one(lk: _Leak, sensor: str, host: bool, t: int, v: float, idle_w: float) ->
             return min(100.0, max(v, 92.0))  # the GPU keeps up
         return None
     if rule == "nccl_retransmit_storm" and var == "leak":
-        if sensor in ("nvlink_tx", "nvlink_rx"):
-            return v * 0.1  # the link flaps: the root cause
         return _quiet(sensor, v, 0.85, idle_w)
     if rule == "nccl_slow_allreduce":
         if var == "one_off":
@@ -184,8 +185,6 @@ def _one(lk: _Leak, sensor: str, host: bool, t: int, v: float, idle_w: float) ->
             return v * 12.0 if slow and sensor == "nccl_allreduce_ms" else None
         if sensor == "nccl_allreduce_ms":
             return v * lk.magnitude
-        if sensor in ("nvlink_tx", "nvlink_rx") and t >= lk.start - _CAUSE_LEAD_NS:
-            return v * 0.1  # a degraded link: the root cause
         return _quiet(sensor, v, 0.8, idle_w)
     return None
 
