@@ -5,7 +5,8 @@ beside a plain aiokafka consumer that only decodes the same messages, in the sam
                                       [--case all|batched|single|clock|efficiency]
 
 ``efficiency``: the spine alone (derive and the frames topic off) against the spine plus
-derive, frames on Kafka and the detectors run over those frames, alternating in each round.
+derive, frames on Kafka and the detectors run over those frames, alternating in each round; and
+the same full path with every detector and attribution against drift and spikes alone.
 
 Needs a Kafka broker (FLOPWATCH_KAFKA_BOOTSTRAP, default 127.0.0.1:9092; deploy/kafka.sh start).
 Prints one JSON object with the figures; the README's performance section quotes them.
@@ -196,9 +197,11 @@ async def frame_ends(settings: Settings) -> dict[int, int]:
         await consumer.stop()
 
 
-async def detect_frames(settings: Settings, start: dict[int, int], end: dict[int, int]) -> tuple[float, int, int]:
+async def detect_frames(settings: Settings, start: dict[int, int], end: dict[int, int],
+                        leaks: bool = True) -> tuple[float, int, int]:
     """Seconds for the detection runtime to take the frames between ``start`` and ``end`` (reading them
-    included), and how many frames and alerts there were."""
+    included), and how many frames and alerts there were; ``leaks=False``: drift and spikes alone (the leak
+    rules and attribution off)."""
     from aiokafka import TopicPartition
 
     from agents.app import link_capacity
@@ -220,7 +223,17 @@ async def detect_frames(settings: Settings, start: dict[int, int], end: dict[int
             self.bytes += sum(len(encode_workload_sample(s)) for s in samples)
 
     topic = Topics(settings.topic_prefix).frames
-    runtime = DetectRuntime(settings.detect_params(), settings.align_params().grid_ns, NoHistory(), [], None, topic,
+    params = settings.detect_params()
+    if not leaks:
+        import dataclasses
+
+        from schemas.alerts import LEAK_RULES
+        from streams.attribution.rank import AttributionParams
+
+        off = dataclasses.replace(params.leaks, **{r: dataclasses.replace(getattr(params.leaks, r), enabled=False)
+                                                   for r in LEAK_RULES})
+        params = dataclasses.replace(params, leaks=off, attribution=AttributionParams(enabled=False))
+    runtime = DetectRuntime(params, settings.align_params().grid_ns, NoHistory(), [], None, topic,
                             summaries=EncodedSummaries() if settings.decide else None,
                             link_bytes_s=link_capacity(settings))
     consumer = AIOKafkaConsumer(**aiokafka_config(settings), enable_auto_commit=False)
@@ -253,6 +266,7 @@ def efficiency_cost(base: Settings, samples: int, rounds: int) -> dict[str, Any]
     spine_s: list[float] = []
     full_s: list[float] = []
     detect_s: list[float] = []
+    plain_detect_s: list[float] = []
     try:
         pub = publish(settings, samples, 100)
         for r in range(rounds):
@@ -265,10 +279,13 @@ def efficiency_cost(base: Settings, samples: int, rounds: int) -> dict[str, Any]
                     got = asyncio.run(full_path(run, pub["samples"], False))
                 assert got["samples"] == pub["samples"] and not got["rejects"], got
                 if on:
-                    secs, frames, _ = asyncio.run(detect_frames(run, start, asyncio.run(frame_ends(settings))))
+                    end = asyncio.run(frame_ends(settings))
+                    secs, frames, _ = asyncio.run(detect_frames(run, start, end))
                     assert frames > 0
                     detect_s.append(secs)
                     full_s.append(got["seconds"] + secs)
+                    plain_secs, _, _ = asyncio.run(detect_frames(run, start, end, leaks=False))
+                    plain_detect_s.append(got["seconds"] + plain_secs)
                 else:
                     spine_s.append(got["seconds"])
     finally:
@@ -279,7 +296,10 @@ def efficiency_cost(base: Settings, samples: int, rounds: int) -> dict[str, Any]
             "spine_samples_per_s": round(pub["samples"] / statistics.median(spine_s)),
             "full_samples_per_s": round(pub["samples"] / statistics.median(full_s)),
             "detect_seconds_median": round(statistics.median(detect_s), 3),
-            "full_over_spine": round(statistics.median(ratios), 3), "per_round": [round(x, 3) for x in ratios]}
+            "full_over_spine": round(statistics.median(ratios), 3), "per_round": [round(x, 3) for x in ratios],
+            # The same full path with drift and spikes alone: what the leak rules and attribution cost.
+            "full_with_leaks_over_without": round(statistics.median(
+                [w / f for w, f in zip(plain_detect_s, full_s, strict=True)]), 3)}
 
 
 def main() -> None:

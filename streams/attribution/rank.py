@@ -4,9 +4,10 @@ Four kinds of witness, each a ``Cause`` with a confidence in [0, 1]:
 
 - **series**: the alert's symptom (``SYMPTOM``: FLOPS/W for a drift, gpu_util for a stall ...)
   and every other aligned series of the GPU and its node over the window before the alert.
-  A series whose lagged values move with the symptom (``scipy.stats.pearsonr`` at lags
+  A series whose lagged values move with the symptom (Pearson's r with its t-test p-value by
+  ``scipy.special.stdtr``, all series at once, at lags
   0..``max_lag_s``, the series leading) is a candidate. When both stepped (the single change
-  point that best splits each, its Welch t-test by ``scipy.stats.ttest_ind`` below ``max_p``),
+  point that best splits each, its Welch t-test, p by ``scipy.special.stdtr``, below ``max_p``),
   its confidence is half the step's strength (significance and effect size) and half the
   correlation (a step below ``strong_p`` counts even with no correlation: noise can hide it),
   weighed by when it stepped: up to ``max_lead_s`` before the symptom in full (a
@@ -46,13 +47,12 @@ The same cause from two witnesses keeps the higher confidence; the list is sorte
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
-from scipy.stats import pearsonr, ttest_ind
+from scipy.special import stdtr
 
 from schemas.alerts import Cause, EvidenceValue
 from streams.attribution.context import Happening
@@ -61,7 +61,7 @@ from streams.attribution.window import SERIES
 S: Final = 1_000_000_000
 
 SYMPTOM: Final[Mapping[str, str]] = {
-    "efficiency_drift": "flops_per_watt", "util_spike": "gpu_util", "sm_spike": "sm_active",
+    "efficiency_drift": "flops_per_watt",
     "pipeline_stall": "gpu_util", "batching_collapse": "gpu_util", "checkpoint_io_storm": "gpu_util",
     "idle_allocated": "gpu_util", "nccl_retransmit_storm": "nccl_retries", "nccl_slow_allreduce": "nccl_allreduce_ms",
     "memory_fragmentation": "fb_used",
@@ -91,7 +91,8 @@ EVENT_WEIGHT: Final[Mapping[str, float]] = {
     "FailedScheduling": 0.6, "Scheduled": 0.3, "Rescheduled": 0.65, "TaintManagerEviction": 0.85,
     "FailedMount": 0.6, "FailedAttachVolume": 0.6, "XidError": 0.85,
 }
-# A 200 ms load spike is a symptom of load, seldom the cause of a lasting episode.
+# A 200 ms load spike is a symptom of load, seldom the cause of a lasting episode; and it is too short for the
+# grid's series to say anything about it (it has no SYMPTOM: its causes come from events and detections).
 _TRANSIENT_RULES: Final = frozenset({"util_spike", "sm_spike"})
 _QUIET_EVENTS: Final = frozenset({"PodLabels", "Pulling", "Pulled", "Created", "Started", "SuccessfulCreate",
                                   "ScalingReplicaSet", "SuccessfulDelete"})
@@ -157,6 +158,7 @@ def _series_witnesses(rule: str, times: np.ndarray, block: np.ndarray, onset_ns:
     tick_s = tick_ns / S
     max_lag = max(1, int(params.max_lag_s * S // max(tick_ns, 1)))
     mirrors = MIRRORS.get(symptom, frozenset({symptom})) | RULE_SEES.get(rule, frozenset())
+    best_r, best_lag = _lagged_correlations(block, y, max_lag, params)
     out = []
     for i, name in enumerate(SERIES):
         if name == symptom or name in mirrors:
@@ -168,8 +170,8 @@ def _series_witnesses(rule: str, times: np.ndarray, block: np.ndarray, onset_ns:
             margin = int(params.step_margin_s * S)  # the data either side of the splits looked at, no more
             near = (times >= lo - margin) & (times <= hi + margin)
             ch = _change(times[near], x[near], params, (lo, hi))
-        r_or_none, lag = _best_lag(x, y, max_lag, params)
-        r = r_or_none or 0.0
+        r = 0.0 if math.isnan(best_r[i]) else float(best_r[i])
+        lag = int(best_lag[i])
         # A series whose step lines up with the symptom's counts even when its noise hides the correlation (a
         # training job's phases make NVLink traffic bimodal): the timing of strong steps is evidence of its own.
         stepped = (ch is not None and y_change is not None and ch[1] <= params.strong_p
@@ -236,57 +238,84 @@ def _change(times: np.ndarray, x: np.ndarray, params: AttributionParams,
     sd = math.sqrt((float(a.var()) + float(b.var())) / 2.0)
     if sd == 0:
         return (int(t[j + 1]), 0.0, 10.0) if a[0] != b[0] else None
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        res = ttest_ind(a, b, equal_var=False)
-    p = float(res.pvalue)
+    # Welch's t-test (as scipy.stats.ttest_ind with equal_var=False), its p-value from scipy.special.stdtr.
+    va, vb = float(a.var(ddof=1)) / a.size if a.size > 1 else 0.0, float(b.var(ddof=1)) / b.size if b.size > 1 else 0.0
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return (int(t[j + 1]), 0.0, 10.0) if a.mean() != b.mean() else None
+    df = (va + vb) ** 2 / ((va * va / (a.size - 1) if a.size > 1 else 0.0) + (vb * vb / (b.size - 1) if b.size > 1
+                                                                                else 0.0) or 1e-300)
+    p = float(2.0 * stdtr(df, -abs(float(a.mean()) - float(b.mean())) / se))
     if not math.isfinite(p) or p >= params.max_p:
         return None
     return int(t[j + 1]), p, min(10.0, abs(float(a.mean()) - float(b.mean())) / sd)
 
 
-def _best_lag(x: np.ndarray, y: np.ndarray, max_lag: int, params: AttributionParams) -> tuple[float | None, int]:
-    best: tuple[float | None, int] = (None, 0)
-    for lag in range(0, max_lag + 1):
-        xs, ys = (x[:-lag], y[lag:]) if lag else (x, y)
-        ok = ~(np.isnan(xs) | np.isnan(ys))
-        if ok.sum() < params.min_points or np.ptp(xs[ok]) == 0 or np.ptp(ys[ok]) == 0:
-            continue
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # nearly constant inputs: scipy warns, the p-value says it
-            res = pearsonr(xs[ok], ys[ok])
-        r, p = float(res.statistic), float(res.pvalue)
-        if p < params.max_p and (best[0] is None or abs(r) > abs(best[0]) + 1e-9):
-            best = (r, lag)
-    return best
+def _lagged_correlations(block: np.ndarray, y: np.ndarray, max_lag: int,
+                         params: AttributionParams) -> tuple[np.ndarray, np.ndarray]:
+    """Per series, the Pearson correlation with ``y`` at the lag (0..``max_lag`` ticks, the series leading) where it
+    is strongest among those significant at ``max_p`` (NaN where none is), and that lag. All series at once; the
+    p-values from the t distribution (``scipy.special.stdtr``), as ``scipy.stats.pearsonr`` gives them."""
+    k, n = block.shape
+    best_r = np.full(k, np.nan)
+    best_lag = np.zeros(k, dtype=np.int64)
+    with np.errstate(all="ignore"):
+        for lag in range(0, min(max_lag, n - params.min_points) + 1):
+            xs, ys = (block[:, :n - lag], y[lag:]) if lag else (block, y)
+            valid = ~np.isnan(xs) & ~np.isnan(ys)[None, :]
+            cnt = valid.sum(axis=1)
+            denom = np.maximum(cnt, 1)
+            mx = np.where(valid, xs, 0.0).sum(axis=1) / denom
+            my = np.where(valid, ys[None, :], 0.0).sum(axis=1) / denom
+            dx = np.where(valid, xs - mx[:, None], 0.0)
+            dy = np.where(valid, ys[None, :] - my[:, None], 0.0)
+            sxx, syy = (dx * dx).sum(axis=1), (dy * dy).sum(axis=1)
+            r = np.clip((dx * dy).sum(axis=1) / np.sqrt(sxx * syy), -1.0, 1.0)
+            df = np.maximum(cnt - 2, 1)
+            t = r * np.sqrt(df / np.maximum(1.0 - r * r, 1e-300))
+            p = 2.0 * stdtr(df, -np.abs(t))  # the t distribution's two-sided tail
+            ok = (cnt >= params.min_points) & (sxx > 0) & (syy > 0) & np.isfinite(r) & (p < params.max_p)
+            better = ok & (np.isnan(best_r) | (np.abs(r) > np.abs(best_r) + 1e-9))
+            best_r[better] = r[better]
+            best_lag[better] = lag
+    return best_r, best_lag
 
 
 def context_causes(happenings: Iterable[Happening], gpu: str, pod: str, onset_ns: int,
                    params: AttributionParams) -> list[tuple[Cause, float]]:
-    """Causes from the node's Kubernetes events, other detections and label changes."""
-    out = []
+    """Causes from the node's Kubernetes events, other detections and label changes (the best witness of each)."""
+    best: dict[str, tuple[float, Happening]] = {}
     for h in happenings:
-        distance_s = abs(onset_ns - h.ts_ns) / S
-        # What began after the episode did is more likely its consequence (a drift while a checkpoint storm
-        # blocks the GPUs, an OOM kill after memory leaked): it counts less, a Kubernetes event least so.
-        after = h.ts_ns > onset_ns
-        fade = math.exp(-distance_s / params.fade_s) * ((0.5 if h.type not in ("detection", "labels") else 0.3)
-                                                        if after else 1.0)
-        mine = (h.pod and h.pod == pod) or gpu in h.gpus
+        conf = _context_confidence(h, gpu, pod, onset_ns, params)
+        if conf is not None and conf > best.get(h.reason, (-1.0, h))[0]:
+            best[h.reason] = (conf, h)
+    out = []
+    for reason, (conf, h) in best.items():
+        lead_s = round((onset_ns - h.ts_ns) / S, 3)
         if h.type == "detection":
-            base = (0.75 if gpu in h.gpus else 0.35) * (0.4 if h.reason in _TRANSIENT_RULES else 1.0)
             ev: dict[str, EvidenceValue] = {"source": "detection", "gpu": h.gpus[0] if h.gpus else None,
-                                            "lead_s": round((onset_ns - h.ts_ns) / S, 3), "id": h.detail}
+                                            "lead_s": lead_s, "id": h.detail}
         elif h.type == "labels":
-            if gpu not in h.gpus:
-                continue
-            base = 0.7
-            ev = {"source": "labels", "lead_s": round((onset_ns - h.ts_ns) / S, 3), "change": h.detail}
+            ev = {"source": "labels", "lead_s": lead_s, "change": h.detail}
         else:
-            if h.reason in _QUIET_EVENTS or not (mine or (not h.pod and not h.gpus)):
-                continue
-            base = EVENT_WEIGHT.get(h.reason, 0.6 if h.type == "Warning" else 0.3)
-            ev = {"source": "k8s", "type": h.type, "pod": h.pod or None,
-                  "lead_s": round((onset_ns - h.ts_ns) / S, 3), "message": h.detail[:200] or None}
-        out.append((Cause(h.reason, round(base * fade, 4), ev), float(h.ts_ns)))
+            ev = {"source": "k8s", "type": h.type, "pod": h.pod or None, "lead_s": lead_s,
+                  "message": h.detail[:200] or None}
+        out.append((Cause(reason, round(conf, 4), ev), float(h.ts_ns)))
     return out
+
+
+def _context_confidence(h: Happening, gpu: str, pod: str, onset_ns: int, params: AttributionParams) -> float | None:
+    distance_s = abs(onset_ns - h.ts_ns) / S
+    # What began after the episode did is more likely its consequence (a drift while a checkpoint storm blocks the
+    # GPUs, an OOM kill after memory leaked): it counts less, a Kubernetes event least so.
+    after = h.ts_ns > onset_ns
+    fade = math.exp(-distance_s / params.fade_s) * ((0.5 if h.type not in ("detection", "labels") else 0.3)
+                                                    if after else 1.0)
+    if h.type == "detection":
+        return (0.75 if gpu in h.gpus else 0.35) * (0.4 if h.reason in _TRANSIENT_RULES else 1.0) * fade
+    if h.type == "labels":
+        return 0.7 * fade if gpu in h.gpus else None
+    mine = (h.pod and h.pod == pod) or gpu in h.gpus
+    if h.reason in _QUIET_EVENTS or not (mine or (not h.pod and not h.gpus)):
+        return None
+    return EVENT_WEIGHT.get(h.reason, 0.6 if h.type == "Warning" else 0.3) * fade

@@ -116,6 +116,7 @@ class Detectors:
         self._happened = EventBook(per_node=256, max_nodes=params.max_nodes)  # our own alerts, label changes
         self._windows: OrderedDict[tuple[str, str], SeriesWindow] = OrderedDict()
         self._labels: dict[tuple[str, str], tuple[str, str]] = {}
+        self._first_gpu: dict[str, str] = {}  # bounded with the nodes of _last_tick
         self._pending: list[tuple[int, tuple[str, str, str], str]] = []  # (due tick, open key, alert id)
         self.drift = DriftBank(params.drift, grid_ns, max_entities=params.max_nodes * 16)
         self._last_tick: OrderedDict[str, int] = OrderedDict()
@@ -132,6 +133,7 @@ class Detectors:
         if len(self._last_tick) > self.params.max_nodes:
             gone, _ = self._last_tick.popitem(last=False)
             self._open = {k: a for k, a in self._open.items() if k[1] != gone}
+            self._first_gpu.pop(gone, None)
         out: list[Alert] = []
         if self.params.attribution.enabled:
             out += self._attribute_due(m)
@@ -152,6 +154,9 @@ class Detectors:
         """The tick's series into each GPU's window; label changes into the node's book."""
         host = next((g.values for g in m.gpus if g.gpu == "host"), {})
         ticks = self.params.attribution.ticks(self.grid_ns)
+        first = next((g.gpu for g in m.gpus if g.gpu != "host"), None)
+        if first is not None:
+            self._first_gpu[m.node] = first
         for g in m.gpus:
             if g.gpu == "host":
                 continue
@@ -202,7 +207,7 @@ class Detectors:
     def causes(self, a: Alert) -> tuple[Cause, ...]:
         """The likely causes of ``a`` from what this object has seen of its node (see ``streams.attribution``)."""
         p = self.params.attribution
-        gpu = a.gpu if a.gpu != "host" else next((g for n, g in self._windows if n == a.node), a.gpu)
+        gpu = a.gpu if a.gpu != "host" else self._first_gpu.get(a.node, a.gpu)  # a node's alert: its first GPU
         w = self._windows.get((a.node, gpu))
         witnesses = []
         if w is not None and len(w):

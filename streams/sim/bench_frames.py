@@ -91,6 +91,8 @@ def frames(batches: Iterable[SampleBatch], start_ns: int, seconds: float, grid_n
                     util, sm = values.get("gpu_util"), values.get("tensor_active", values.get("sm_active"))
                     quiet = (util is None or util <= 5.0) and (sm is None or sm <= 0.05)
                     derived = {"cost_usd": price_tick,
-                               "idle": None if util is None and sm is None else float(bool(lab.get("pod")) and quiet)}
+                               "idle": None if util is None and sm is None else float(bool(lab.get("pod")) and quiet),
+                               # The spike engine's peaks, roughly: the tick's highest sample.
+                               "gpu_util_p99": values.get("gpu_util_max"), "sm_active_p99": sm}
                 gpus.append(GpuFrame(gpu, lab, values, derived, ""))
             yield FrameMessage(node, tick, grid_ns, tuple(gpus))
