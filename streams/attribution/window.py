@@ -22,7 +22,7 @@ GPU_SERIES: Final = ("gpu_util", "sm_active", "tensor_active", "power", "tempera
                      "request_rate", "request_latency_ms", "flops_per_watt")
 HOST_SERIES: Final = ("host_cpu_util", "disk_write")
 SERIES: Final = GPU_SERIES + HOST_SERIES
-_INDEX: Final = {name: i for i, name in enumerate(SERIES)}
+_NAN: Final = float("nan")
 
 
 class SeriesWindow:
@@ -38,16 +38,13 @@ class SeriesWindow:
 
     def push(self, tick_ns: int, values: Mapping[str, float | None], host: Mapping[str, float | None]) -> None:
         col = self._pos
-        data = self._data
-        data[:, col] = np.nan
-        for src in (values, host):
-            for name, v in src.items():
-                i = _INDEX.get(name)
-                if i is not None and v is not None:
-                    data[i, col] = v
+        # One column assignment from a list: a numpy item set per series costs more than the whole list.
+        row = [values.get(name) for name in GPU_SERIES]
+        row += [host.get(name) for name in HOST_SERIES]
+        self._data[:, col] = [_NAN if v is None else v for v in row]
         self._times[col] = tick_ns
-        self._pos = (col + 1) % data.shape[1]
-        self._n = min(self._n + 1, data.shape[1])
+        self._pos = (col + 1) % self._data.shape[1]
+        self._n = min(self._n + 1, self._data.shape[1])
 
     def ordered(self) -> tuple[np.ndarray, np.ndarray]:
         """(tick times, series x ticks as float64), oldest first."""
