@@ -45,6 +45,7 @@ _CONTRAST: Final = 3.0  # the loop's gap over the within-iteration gaps, for a r
 _FLOOR_NS: Final = 1_000_000  # 1 ms added to every gap: equal timestamps give gaps of 0
 _ONE_GPU_NS: Final = 45_000_000  # every gap at least this (lower quartile): one GPU, a loop of >= ~50 ms
 _MIN_BLOCKS: Final = 2  # iterations a candidate needs before its rhythm counts
+_FULL_BLOCKS: Final = 8  # iterations from which its contrast counts in full against another candidate's
 _VALUE_CONTRAST: Final = 0.5  # the values' lag N differs at most this much of the typical other lag
 _VALUE_FLOOR: Final = 0.01  # of a column's spread: differences this small are the reading's noise
 
@@ -93,7 +94,7 @@ def infer_cycle(ts_ns: Sequence[int | None], values: Sequence[Sequence[float | N
 
 def _rhythm(gaps: Sequence[float | None]) -> tuple[int | None, float, int]:
     """(N, its contrast, its iterations) from the gaps, N None when no cycle shows."""
-    best: tuple[float, int, int] | None = None
+    best: tuple[float, int, int, float] | None = None
     for n in range(2, MAX_GPUS + 1):
         blocks = (len(gaps) + 1) // n - 1  # the last, maybe partial, iteration is left out
         if blocks < _MIN_BLOCKS:
@@ -108,8 +109,11 @@ def _rhythm(gaps: Sequence[float | None]) -> tuple[int | None, float, int]:
         end = _quantile(phases[-1], 0.25)
         inner = max(_quantile(p, 0.5) for p in phases[:-1])
         contrast = end / inner
-        if contrast >= _CONTRAST and (best is None or contrast > best[0]):
-            best = (contrast, n, blocks)
+        # A few iterations can line up by chance (a stall or two as long as the loop's gap): a candidate's
+        # contrast counts in full from _FULL_BLOCKS iterations on, less with fewer.
+        score = contrast * min(1.0, blocks / _FULL_BLOCKS)
+        if contrast >= _CONTRAST and (best is None or score > best[3]):
+            best = (contrast, n, blocks, score)
     if best is not None:
         return best[1], best[0], best[2]
     known = [g for g in gaps if g is not None]
