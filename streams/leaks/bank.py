@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Final, Protocol
 
 from schemas.catalog import HOST_GPU
 from schemas.frame_messages import FrameMessage, GpuFrame
@@ -49,6 +50,13 @@ class LeakResult:
 class _Gpu:
     context: str
     detectors: list[GpuDetector]
+    waiting: list[tuple[str, Callable[[], GpuDetector]]]  # made when their first input shows (a stream a GPU
+    # never has, as an inference GPU's dataloader, costs nothing per tick)
+
+
+_ORDER: Final = {rule: i for i, rule in enumerate(("idle_allocated", "pipeline_stall", "batching_collapse",
+                                                  "nccl_retransmit_storm", "nccl_slow_allreduce",
+                                                  "memory_fragmentation"))}
 
 
 class LeakBank:
@@ -68,10 +76,18 @@ class LeakBank:
             if st is None or st.context != ctx:
                 if st is not None:
                     out.reset.append(g.gpu)
-                st = self._gpus[key] = _Gpu(ctx, self._detectors(g))
+                st = self._gpus[key] = _Gpu(ctx, *self._detectors(g))
                 if len(self._gpus) > self.max_entities:
                     self._gpus.popitem(last=False)
             self._gpus.move_to_end(key)
+            if st.waiting:
+                values = g.values
+                ready = [w for w in st.waiting if w[0] in values]
+                if ready:
+                    st.detectors.extend(make() for _, make in ready)
+                    # One order whenever each was made: a rebuild from a later tick emits a tick's events alike.
+                    st.detectors.sort(key=lambda d: _ORDER[d.rule])
+                    st.waiting = [w for w in st.waiting if w[0] not in values]
             for d in st.detectors:
                 ev = d.update(m.tick_ns, g)
                 if ev is not None:
@@ -82,19 +98,21 @@ class LeakBank:
                 out.events.append((HOST_GPU, ev))
         return out
 
-    def _detectors(self, g: GpuFrame) -> list[GpuDetector]:
+    def _detectors(self, g: GpuFrame) -> tuple[list[GpuDetector], list[tuple[str, Callable[[], GpuDetector]]]]:
+        """The GPU's detectors: those that run from its first tick, and those waiting for their first input."""
         p, grid = self.params, self.grid_ns
         spec = spec_for(str(g.labels.get("gpu_model") or ""))
         memory_mib = spec.memory_gib * 1024.0 if spec is not None else None
-        made: list[tuple[bool, GpuDetector]] = [
-            (p.idle_allocated.enabled, IdleAllocated(p.idle_allocated, grid)),
-            (p.pipeline_stall.enabled, PipelineStall(p.pipeline_stall, grid)),
-            (p.batching_collapse.enabled, BatchingCollapse(p.batching_collapse, grid)),
-            (p.nccl_retransmit_storm.enabled, RetransmitStorm(p.nccl_retransmit_storm, grid)),
-            (p.nccl_slow_allreduce.enabled, SlowAllreduce(p.nccl_slow_allreduce, grid)),
-            (p.memory_fragmentation.enabled, Fragmentation(p.memory_fragmentation, grid, memory_mib)),
+        now: list[GpuDetector] = [IdleAllocated(p.idle_allocated, grid)] if p.idle_allocated.enabled else []
+        later: list[tuple[bool, str, Callable[[], GpuDetector]]] = [
+            (p.pipeline_stall.enabled, "dataloader_wait_ms", lambda: PipelineStall(p.pipeline_stall, grid)),
+            (p.batching_collapse.enabled, "queue_depth", lambda: BatchingCollapse(p.batching_collapse, grid)),
+            (p.nccl_retransmit_storm.enabled, "nccl_retries", lambda: RetransmitStorm(p.nccl_retransmit_storm, grid)),
+            (p.nccl_slow_allreduce.enabled, "nccl_allreduce_ms", lambda: SlowAllreduce(p.nccl_slow_allreduce, grid)),
+            (p.memory_fragmentation.enabled, "torch_reserved",
+             lambda: Fragmentation(p.memory_fragmentation, grid, memory_mib)),
         ]
-        return [d for on, d in made if on]
+        return now, [(needs, make) for on, needs, make in later if on]
 
     def _node(self, m: FrameMessage) -> LeakEvent | None:
         host = next((g for g in m.gpus if g.gpu == HOST_GPU), None)
