@@ -19,7 +19,9 @@ HOUR = 3600 * S
 
 
 def test_the_ledger_prices_each_episode_and_names_its_cause(tmp_path: Path) -> None:
-    env = {"FLOPWATCH_CHDB_PATH": str(tmp_path / "db"), "FLOPWATCH_CLICKHOUSE_DATABASE": "fwledger"}
+    # The CLI reads the process environment too (the test script points it at clickhouse-server): say chDB.
+    env = {"FLOPWATCH_CHDB_PATH": str(tmp_path / "db"), "FLOPWATCH_CLICKHOUSE_DATABASE": "fwledger",
+           "FLOPWATCH_CLICKHOUSE_BACKEND": "chdb", "FLOPWATCH_CLICKHOUSE_LAYOUT": "current"}
     settings = load_settings(env)
     now = time.time_ns()
     idle = make_alert("idle_allocated", "warning", "node-1", "0", value=600.0, threshold=600.0,
