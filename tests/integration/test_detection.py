@@ -140,7 +140,7 @@ def test_alerts_fire_exactly_once_per_message_id_across_a_sigkill(base_settings:
             ids = defaultdict(list)
             for _, raw in read_topic(base_settings, topic, idle_s=1.0):
                 ids[decode_alert(raw).message_id].append(raw)
-            if len(ids) >= 6:
+            if sum(not m.endswith(":causes") for m in ids) >= 6:  # the six expected; attributions come besides
                 break
             time.sleep(2)
         time.sleep(3)  # anything late (a duplicate, a spurious alert) has time to show
