@@ -5,23 +5,21 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agents.kafka.topics import aiokafka_config
 from agents.settings import Settings
+from schemas.alerts import decode_alert
 
 MAX_REPLAY = 2_000_000  # messages; a bound on memory whatever the window holds
 READ_DEADLINE_S = 120.0
 
 
 def _message_id(raw: bytes) -> str:
+    """The alert's own ``message_id`` (one rule for it: ``schemas.alerts.Alert.message_id``)."""
     try:
-        doc = orjson.loads(raw)
-        # schemas.alerts.Alert.message_id: an attribution (a message with causes) is a message of its own.
-        attributed = doc.get("causes") and doc["state"] == "firing"
-        return f"{doc['id']}:firing:causes" if attributed else f"{doc['id']}:{doc['state']}"
-    except Exception:  # not an alert of ours: nothing to suppress
+        return decode_alert(raw).message_id
+    except ValueError:  # not an alert of ours: nothing to suppress
         return ""
 
 

@@ -214,13 +214,16 @@ def ensure_schema(backend: Backend, retention_days: int = 400) -> None:
     # A table made by an older flopwatch lacks the newer columns: add them (CREATE ... IF NOT
     # EXISTS leaves an existing table as it is).
     # The name passed check_identifier, so it is safe as a literal (the two clients differ in parameter syntax).
-    _, rows = backend.rows(f"SELECT name FROM system.columns WHERE database = '{backend.database}' "
-                           "AND table = 'gpu_frames'")
-    for stmt in ddl.gpu_frames_migrations(backend.database, {str(r[0]) for r in rows}, backend.layout):
-        backend.execute(stmt)
-    _, rows = backend.rows(f"SELECT name FROM system.columns WHERE database = '{backend.database}' "
-                           "AND table = 'detections'")
-    for stmt in ddl.detections_migrations(backend.database, {str(r[0]) for r in rows}):
+    for stmt in (*ddl.gpu_frames_migrations(backend.database, _columns(backend, "gpu_frames"), backend.layout),
+                 *ddl.detections_migrations(backend.database, _columns(backend, "detections"))):
         backend.execute(stmt)
     if backend.layout == "current":  # the legacy server reads the ledger through `flopwatch leaks` only
         backend.execute(ddl.leak_episodes_view(backend.database, LEAK_RULES))
+
+
+def _columns(backend: Backend, table: str) -> set[str]:
+    """The columns a table of flopwatch's database has now."""
+    # The names passed check_identifier, so they are safe as literals (the two clients differ in parameter syntax).
+    _, rows = backend.rows(f"SELECT name FROM system.columns WHERE database = '{backend.database}' "
+                           f"AND table = '{ddl.check_identifier(table)}'")
+    return {str(r[0]) for r in rows}

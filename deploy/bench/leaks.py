@@ -25,7 +25,6 @@ Four parts, each printed as one JSON object:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
@@ -196,8 +195,7 @@ def cost(rounds: int) -> dict[str, Any]:
     p = SimParams(nodes=4, gpus=4, seed=3)
     batches = ClusterSimulator(p).advance(p.start_ns + 900 * S)
     msgs = list(frames(batches, p.start_ns, 900, S))
-    off = LeakParams(**{r: dataclasses.replace(getattr(LeakParams(), r), enabled=False) for r in LEAK_RULES})
-    plain = DetectParams(leaks=off, attribution=AttributionParams(enabled=False))
+    plain = DetectParams(leaks=LeakParams().all_off(), attribution=AttributionParams(enabled=False))
     times: dict[str, list[float]] = {"all": [], "drift_and_spikes": []}
     for _ in range(rounds):
         for name, params in (("all", DetectParams()), ("drift_and_spikes", plain)):

@@ -227,12 +227,9 @@ async def detect_frames(settings: Settings, start: dict[int, int], end: dict[int
     if not leaks:
         import dataclasses
 
-        from schemas.alerts import LEAK_RULES
         from streams.attribution.rank import AttributionParams
 
-        off = dataclasses.replace(params.leaks, **{r: dataclasses.replace(getattr(params.leaks, r), enabled=False)
-                                                   for r in LEAK_RULES})
-        params = dataclasses.replace(params, leaks=off, attribution=AttributionParams(enabled=False))
+        params = dataclasses.replace(params, leaks=params.leaks.all_off(), attribution=AttributionParams(enabled=False))
     runtime = DetectRuntime(params, settings.align_params().grid_ns, NoHistory(), [], None, topic,
                             summaries=EncodedSummaries() if settings.decide else None,
                             link_bytes_s=link_capacity(settings))

@@ -53,6 +53,3 @@ class EventBook:
         for h in self._nodes.get(node, ()):
             if lo_ns <= h.ts_ns <= hi_ns:
                 yield h
-
-    def __len__(self) -> int:
-        return sum(len(q) for q in self._nodes.values())

@@ -2,7 +2,7 @@
 
 >>> w = SeriesWindow(ticks=4)
 >>> for t in range(6):
-...     w.push(t, {"gpu_util": float(t)}, {"disk_write": 10.0 * t})
+...     w.push(t, {"gpu_util": float(t)}, {"disk_write": 10.0 * t}, flops_per_watt=None)
 >>> times, block = w.ordered()
 >>> times.tolist(), block[SERIES.index("gpu_util")].tolist(), block[SERIES.index("disk_write")].tolist()
 ([2, 3, 4, 5], [2.0, 3.0, 4.0, 5.0], [20.0, 30.0, 40.0, 50.0])
@@ -15,12 +15,13 @@ from typing import Final
 
 import numpy as np
 
-# What attribution may name: the GPU's sensors (value columns), its FLOPS/W, and its node's host series.
+# What attribution may name: the GPU's sensors (value columns), its FLOPS/W (last), and its node's host series.
 GPU_SERIES: Final = ("gpu_util", "sm_active", "tensor_active", "power", "temperature", "sm_clock", "fb_used",
                      "pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx", "ecc_errors", "xid_errors", "torch_allocated",
                      "torch_reserved", "nccl_allreduce_ms", "nccl_retries", "dataloader_wait_ms", "queue_depth",
                      "request_rate", "request_latency_ms", "flops_per_watt")
 HOST_SERIES: Final = ("host_cpu_util", "disk_write")
+_SAMPLED: Final = GPU_SERIES[:-1]  # the GPU's series its frame's values hold (FLOPS/W is derived)
 SERIES: Final = GPU_SERIES + HOST_SERIES
 _NAN: Final = float("nan")
 
@@ -36,10 +37,12 @@ class SeriesWindow:
         self._pos = 0
         self._n = 0
 
-    def push(self, tick_ns: int, values: Mapping[str, float | None], host: Mapping[str, float | None]) -> None:
+    def push(self, tick_ns: int, values: Mapping[str, float | None], host: Mapping[str, float | None],
+             flops_per_watt: float | None = None) -> None:
         col = self._pos
         # One column assignment from a list: a numpy item set per series costs more than the whole list.
-        row = [values.get(name) for name in GPU_SERIES]
+        row = [values.get(name) for name in _SAMPLED]
+        row.append(flops_per_watt)  # derived, not sampled: given apart
         row += [host.get(name) for name in HOST_SERIES]
         self._data[:, col] = [_NAN if v is None else v for v in row]
         self._times[col] = tick_ns

@@ -169,7 +169,7 @@ class Detectors:
                     self._labels.pop(gone, None)
             else:
                 self._windows.move_to_end(key)
-            w.push(m.tick_ns, {**g.values, "flops_per_watt": g.derived.get("flops_per_watt")}, host)
+            w.push(m.tick_ns, g.values, host, g.derived.get("flops_per_watt"))
             now = (str(g.labels.get("workload") or ""), str(g.labels.get("pod") or ""))
             before = self._labels.get(key)
             self._labels[key] = now

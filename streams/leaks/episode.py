@@ -103,6 +103,11 @@ def burn(price_h: float | None, share: float) -> float | None:
     return round(price_h * min(1.0, max(0.0, share)), 4)
 
 
+def rounded(v: float | None, digits: int = 3) -> float | None:
+    """``v`` rounded for evidence, None kept."""
+    return None if v is None else round(v, digits)
+
+
 def util_drop(base_util: float | None, util_now: float | None) -> float:
     """The share of the GPU's own busy time lost: 1 - now / baseline (0 when it did not fall)."""
     if base_util is None or util_now is None or base_util <= 0:

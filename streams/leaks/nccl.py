@@ -28,7 +28,7 @@ import numpy as np
 from scipy.stats import poisson
 
 from schemas.frame_messages import GpuFrame
-from streams.leaks.episode import Episode, LeakEvent, S, burn, price_per_h, util_drop, value
+from streams.leaks.episode import Episode, LeakEvent, S, burn, price_per_h, rounded, util_drop, value
 from streams.leaks.params import RetransmitParams, SlowAllreduceParams
 from streams.leaks.windows import Recent, Slots
 
@@ -102,10 +102,11 @@ class RetransmitStorm:
         return LeakEvent(STORM_RULE, "firing" if step == "fire" else "resolved", self.ep.last_onset_ns, t_ns,
                          value=round(rate, 4), threshold=round(p.factor * (base_rate or p.min_base_per_s), 4),
                          baseline=None if base_rate is None else round(base_rate, 4),
-                         evidence={"retries_per_s": round(rate, 4), "baseline_per_s": _r(base_rate),
+                         evidence={"retries_per_s": round(rate, 4), "baseline_per_s": rounded(base_rate, 4),
                                    "ratio": None if not base_rate else round(rate / base_rate, 2),
-                                   "retries_in_window": k, "window_s": p.window_s, "gpu_util": _r(nu),
-                                   "gpu_util_baseline": _r(bu), "cost_usd_per_h": burn(self._price, util_drop(bu, nu))})
+                                   "retries_in_window": k, "window_s": p.window_s, "gpu_util": rounded(nu, 4),
+                                   "gpu_util_baseline": rounded(bu, 4),
+                                   "cost_usd_per_h": burn(self._price, util_drop(bu, nu))})
 
 
 class SlowAllreduce:
@@ -152,14 +153,12 @@ class SlowAllreduce:
         lost = util_drop(bu, nu)
         return LeakEvent(SLOW_RULE, "firing" if step == "fire" else "resolved", self.ep.last_onset_ns, t_ns,
                          value=round(now, 3), threshold=round(p.factor * (base or 0.0), 3),
-                         baseline=_r(base),
-                         evidence={"allreduce_ms": round(now, 3), "baseline_ms": _r(base),
+                         baseline=rounded(base, 4),
+                         evidence={"allreduce_ms": round(now, 3), "baseline_ms": rounded(base, 4),
                                    "ratio": None if not base else round(now / base, 2),
                                    "excess_ms": None if base is None else round(now - base, 3),
-                                   "window_s": p.window_s, "gpu_util": _r(nu), "gpu_util_baseline": _r(bu),
+                                   "window_s": p.window_s, "gpu_util": rounded(nu, 4),
+                                   "gpu_util_baseline": rounded(bu, 4),
                                    "gpu_s_lost_per_h": round(lost * 3600.0, 1),
                                    "cost_usd_per_h": burn(self._price, lost)})
 
-
-def _r(v: float | None) -> float | None:
-    return None if v is None else round(v, 4)

@@ -16,7 +16,7 @@ phases never do.
 from __future__ import annotations
 
 from schemas.frame_messages import GpuFrame
-from streams.leaks.episode import Episode, LeakEvent, S, burn, price_per_h, value
+from streams.leaks.episode import Episode, LeakEvent, S, burn, price_per_h, rounded, value
 from streams.leaks.params import StallParams
 from streams.leaks.windows import Recent
 
@@ -67,9 +67,6 @@ class PipelineStall:
         return LeakEvent(RULE, "firing" if step == "fire" else "resolved", self.ep.last_onset_ns, t_ns,
                          value=round(self._share, 4), threshold=self.p.min_share, evidence={
                              "stall_share": round(self._share, 4), "window_s": self.p.window_s,
-                             "dataloader_wait_ms": _r(self._waits.mean()), "gpu_util": _r(util),
+                             "dataloader_wait_ms": rounded(self._waits.mean()), "gpu_util": rounded(util),
                              "wait_threshold_ms": self.p.wait_ms, "cost_usd_per_h": burn(self._price, waste)})
 
-
-def _r(v: float | None) -> float | None:
-    return None if v is None else round(v, 3)

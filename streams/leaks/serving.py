@@ -19,7 +19,7 @@ the load while the GPU keeps up (utilisation holds) is not a collapse.
 from __future__ import annotations
 
 from schemas.frame_messages import GpuFrame
-from streams.leaks.episode import Episode, LeakEvent, S, burn, price_per_h, util_drop, value
+from streams.leaks.episode import Episode, LeakEvent, S, burn, price_per_h, rounded, util_drop, value
 from streams.leaks.params import BatchingParams
 from streams.leaks.windows import Recent, Slots
 
@@ -73,12 +73,9 @@ class BatchingCollapse:
         assert bu is not None
         return LeakEvent(RULE, "firing" if step == "fire" else "resolved", self.ep.last_onset_ns, t_ns,
                          value=round(nu, 3), threshold=round(p.util_ratio * bu, 3), baseline=round(bu, 3),
-                         evidence={"queue_depth": round(nq, 3), "queue_baseline": _r(bq),
+                         evidence={"queue_depth": round(nq, 3), "queue_baseline": rounded(bq),
                                    "gpu_util": round(nu, 3), "gpu_util_baseline": round(bu, 3),
-                                   "request_latency_ms": round(nlat, 3), "latency_baseline_ms": _r(blat),
+                                   "request_latency_ms": round(nlat, 3), "latency_baseline_ms": rounded(blat),
                                    "window_s": p.window_s,
                                    "cost_usd_per_h": burn(self._price, util_drop(bu, nu))})
 
-
-def _r(v: float | None) -> float | None:
-    return None if v is None else round(v, 3)

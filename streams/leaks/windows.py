@@ -60,10 +60,6 @@ class Recent:
             return 0
         return self._items[-1][0] - self._items[0][0] + 1
 
-    def clear(self) -> None:
-        self._items.clear()
-        self._sum = 0.0
-
 
 class Slots:
     """Means of ``slot_ns`` slots over the last ``span_ns``: a long past in a few numbers."""
@@ -103,7 +99,3 @@ class Slots:
     @property
     def covered_ns(self) -> int:
         return len(self._done) * self.slot_ns
-
-    def clear(self) -> None:
-        self._done.clear()
-        self._slot, self._sum, self._n = None, 0.0, 0
