@@ -35,21 +35,27 @@ class EventBook:
 
     def __init__(self, per_node: int = 64, max_nodes: int = 100_000) -> None:
         self.per_node, self.max_nodes = per_node, max_nodes
-        self._nodes: OrderedDict[str, deque[Happening]] = OrderedDict()
+        self._nodes: OrderedDict[str, tuple[deque[Happening], set[Happening]]] = OrderedDict()
 
     def add(self, h: Happening) -> None:
-        q = self._nodes.get(h.node)
-        if q is None:
-            q = self._nodes[h.node] = deque(maxlen=self.per_node)
+        got = self._nodes.get(h.node)
+        if got is None:
+            got = self._nodes[h.node] = (deque(maxlen=self.per_node), set())
             if len(self._nodes) > self.max_nodes:
                 self._nodes.popitem(last=False)
         else:
             self._nodes.move_to_end(h.node)
-        if h not in q:  # a redelivered event is one event
-            q.append(h)
+        q, held = got
+        if h in held:  # a redelivered event is one event
+            return
+        if len(q) == q.maxlen:
+            held.discard(q[0])
+        q.append(h)
+        held.add(h)
 
     def around(self, node: str, lo_ns: int, hi_ns: int) -> Iterator[Happening]:
         """The node's happenings with lo_ns <= ts_ns <= hi_ns, oldest first."""
-        for h in self._nodes.get(node, ()):
+        got = self._nodes.get(node)
+        for h in got[0] if got is not None else ():
             if lo_ns <= h.ts_ns <= hi_ns:
                 yield h

@@ -23,37 +23,50 @@ GPU_SERIES: Final = ("gpu_util", "sm_active", "tensor_active", "power", "tempera
 HOST_SERIES: Final = ("host_cpu_util", "disk_write")
 _SAMPLED: Final = GPU_SERIES[:-1]  # the GPU's series its frame's values hold (FLOPS/W is derived)
 SERIES: Final = GPU_SERIES + HOST_SERIES
-_NAN: Final = float("nan")
+_CHUNK: Final = 32
 
 
 class SeriesWindow:
     """The last ``ticks`` ticks of every series of one GPU (NaN where a tick had no sample)."""
 
-    __slots__ = ("_data", "_n", "_pos", "_times")
+    __slots__ = ("_data", "_n", "_pending", "_pos", "_times")
 
     def __init__(self, ticks: int) -> None:
         self._data = np.full((len(SERIES), ticks), np.nan, dtype=np.float32)
         self._times = np.zeros(ticks, dtype=np.int64)
         self._pos = 0
         self._n = 0
+        # Rows wait here and enter the ring _CHUNK at a time: one conversion of many rows costs a quarter of
+        # what a column assignment per tick does, and attribution reads the window seldom.
+        self._pending: list[tuple[int, list[float | None]]] = []
 
     def push(self, tick_ns: int, values: Mapping[str, float | None], host: Mapping[str, float | None],
              flops_per_watt: float | None = None) -> None:
-        col = self._pos
-        # One column assignment from a list: a numpy item set per series costs more than the whole list.
         row = [values.get(name) for name in _SAMPLED]
         row.append(flops_per_watt)  # derived, not sampled: given apart
         row += [host.get(name) for name in HOST_SERIES]
-        self._data[:, col] = [_NAN if v is None else v for v in row]
-        self._times[col] = tick_ns
-        self._pos = (col + 1) % self._data.shape[1]
-        self._n = min(self._n + 1, self._data.shape[1])
+        self._pending.append((tick_ns, row))
+        if len(self._pending) >= _CHUNK:
+            self._flush()
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        size = self._data.shape[1]
+        pending = pending[-size:]
+        block = np.array([row for _, row in pending], dtype=np.float32).T  # None becomes NaN
+        cols = (np.arange(len(pending)) + self._pos) % size
+        self._data[:, cols] = block
+        self._times[cols] = [t for t, _ in pending]
+        self._pos = int((self._pos + len(pending)) % size)
+        self._n = min(self._n + len(pending), size)
 
     def ordered(self) -> tuple[np.ndarray, np.ndarray]:
         """(tick times, series x ticks as float64), oldest first."""
+        if self._pending:
+            self._flush()
         n, size = self._n, self._data.shape[1]
         idx = (np.arange(self._pos - n, self._pos)) % size
         return self._times[idx], self._data[:, idx].astype(np.float64)
 
     def __len__(self) -> int:
-        return self._n
+        return min(self._n + len(self._pending), self._data.shape[1])

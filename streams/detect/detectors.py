@@ -49,7 +49,7 @@ from schemas.alerts import Alert, Cause, Severity, make_alert
 from schemas.frame_messages import FrameMessage, GpuFrame
 from schemas.workload_samples import DriftDetail
 from streams.attribution.context import EventBook, Happening
-from streams.attribution.rank import AttributionParams, context_causes, rank, series_witnesses
+from streams.attribution.rank import RULE_CAUSES, SYMPTOM, AttributionParams, context_causes, rank, series_witnesses
 from streams.attribution.window import SeriesWindow
 from streams.detect.drift import DriftEvent
 from streams.detect.drift_bank import DriftBank
@@ -210,7 +210,7 @@ class Detectors:
         gpu = a.gpu if a.gpu != "host" else self._first_gpu.get(a.node, a.gpu)  # a node's alert: its first GPU
         w = self._windows.get((a.node, gpu))
         witnesses = []
-        if w is not None and len(w):
+        if w is not None and len(w) and (a.rule in SYMPTOM or a.rule in RULE_CAUSES):  # no copy for a spike
             times, block = w.ordered()
             keep = times <= a.ts_ns
             witnesses += series_witnesses(a.rule, times[keep], block[:, keep], a.onset_ts_ns, p)

@@ -37,7 +37,7 @@ from streams.leaks.serving import BatchingCollapse
 class GpuDetector(Protocol):
     rule: str
 
-    def update(self, t_ns: int, g: GpuFrame) -> LeakEvent | None: ...
+    def update(self, t_ns: int, g: GpuFrame, price: float | None) -> LeakEvent | None: ...
 
 
 @dataclass(slots=True)
@@ -67,8 +67,11 @@ class LeakBank:
 
     def on_message(self, m: FrameMessage) -> LeakResult:
         out = LeakResult()
+        host: GpuFrame | None = None
+        prices: list[float | None] = []
         for g in m.gpus:
             if g.gpu == HOST_GPU:
+                host = g
                 continue
             key = (m.node, g.gpu)
             ctx = _context(g)
@@ -88,12 +91,14 @@ class LeakBank:
                     # One order whenever each was made: a rebuild from a later tick emits a tick's events alike.
                     st.detectors.sort(key=lambda d: _ORDER[d.rule])
                     st.waiting = [w for w in st.waiting if w[0] not in values]
+            price = price_per_h(g, self.grid_ns)  # once for all the GPU's detectors and the node's
+            prices.append(price)
             for d in st.detectors:
-                ev = d.update(m.tick_ns, g)
+                ev = d.update(m.tick_ns, g, price)
                 if ev is not None:
                     out.events.append((g.gpu, ev))
         if self.params.checkpoint_io_storm.enabled:
-            ev = self._node(m)
+            ev = self._node(m, host, prices)
             if ev is not None:
                 out.events.append((HOST_GPU, ev))
         return out
@@ -114,9 +119,7 @@ class LeakBank:
         ]
         return now, [(needs, make) for on, needs, make in later if on]
 
-    def _node(self, m: FrameMessage) -> LeakEvent | None:
-        host = next((g for g in m.gpus if g.gpu == HOST_GPU), None)
-        gpus = [g for g in m.gpus if g.gpu != HOST_GPU]
+    def _node(self, m: FrameMessage, host: GpuFrame | None, gpu_prices: list[float | None]) -> LeakEvent | None:
         det = self._nodes.get(m.node)
         if det is None:
             if host is None:
@@ -125,10 +128,11 @@ class LeakBank:
             if len(self._nodes) > self.max_entities:
                 self._nodes.popitem(last=False)
         self._nodes.move_to_end(m.node)
+        gpus = [g for g in m.gpus if g.gpu != HOST_GPU]
         disk = value(host, "disk_write") if host is not None else None
         utils = [u for g in gpus if (u := value(g, "gpu_util")) is not None]
         states = [value(g, "torch_allocated") for g in gpus]
-        prices = [p for g in gpus if (p := price_per_h(g, self.grid_ns)) is not None]
+        prices = [p for p in gpu_prices if p is not None]
         state = math.fsum(s for s in states if s is not None) if states and None not in states else None
         return det.update(m.tick_ns, disk, sum(utils) / len(utils) if utils else None, state,
                           math.fsum(prices) if prices else None)

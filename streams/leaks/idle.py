@@ -7,10 +7,10 @@ long the GPU has been idle and what that cost so far.
 >>> from schemas.frame_messages import GpuFrame
 >>> d = IdleAllocated(IdleAllocatedParams(idle_s=3.0), grid_ns=S)
 >>> held = GpuFrame("0", {"pod": "p"}, {"gpu_util": 0.0}, {"idle": 1.0, "cost_usd": 0.001}, "")
->>> [e and e.state for e in (d.update(t * S, held) for t in range(5))]
+>>> [e and e.state for e in (d.update(t * S, held, 3.6) for t in range(5))]
 [None, None, 'firing', None, None]
 >>> busy = GpuFrame("0", {"pod": "p"}, {"gpu_util": 80.0}, {"idle": 0.0, "cost_usd": 0.001}, "")
->>> e = d.update(5 * S, busy)
+>>> e = d.update(5 * S, busy, 3.6)
 >>> e.state, e.evidence["idle_gpu_hours"], e.evidence["cost_usd"]
 ('resolved', 0.0014, 0.005)
 """
@@ -18,7 +18,7 @@ long the GPU has been idle and what that cost so far.
 from __future__ import annotations
 
 from schemas.frame_messages import GpuFrame
-from streams.leaks.episode import LeakEvent, S, burn, price_per_h, value
+from streams.leaks.episode import LeakEvent, S, burn, value
 from streams.leaks.params import IdleAllocatedParams
 
 RULE = "idle_allocated"
@@ -35,23 +35,23 @@ class IdleAllocated:
         self._price: float | None = None
         self._firing = False
 
-    def update(self, t_ns: int, g: GpuFrame) -> LeakEvent | None:
+    def update(self, t_ns: int, g: GpuFrame, price: float | None) -> LeakEvent | None:
         pod = str(g.labels.get("pod") or "")
         idle = self._idle(g) if pod else False
         if pod != self._pod:
             out = self._end(t_ns)
             self._pod = pod
             if idle:
-                self._start(t_ns, g)
+                self._start(t_ns, price)
             return out
         if idle is None:
             return None
         if not idle:
             return self._end(t_ns)
         if self._since is None:
-            self._start(t_ns, g)
+            self._start(t_ns, price)
             return None
-        self._add(g)
+        self._add(price)
         if not self._firing and t_ns + self.grid_ns - self._since >= self.p.idle_s * S:
             self._firing = True
             return self._event("firing", t_ns)
@@ -69,12 +69,11 @@ class IdleAllocated:
         copies = sum(v for v in (value(g, "pcie_rx"), value(g, "pcie_tx")) if v is not None)
         return copies < self.p.busy_pcie_bytes_s
 
-    def _start(self, t_ns: int, g: GpuFrame) -> None:
+    def _start(self, t_ns: int, price: float | None) -> None:
         self._since, self._cost, self._price = t_ns, 0.0, None
-        self._add(g)
+        self._add(price)
 
-    def _add(self, g: GpuFrame) -> None:
-        price = price_per_h(g, self.grid_ns)
+    def _add(self, price: float | None) -> None:
         if price is not None:
             self._price = price
             self._cost += price * self.grid_ns / S / 3600.0

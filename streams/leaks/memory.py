@@ -17,7 +17,7 @@ A warm-up grows the memory, not the gap; a cache that is large but flat is not g
 ...     res = 40 * 2**30
 ...     return GpuFrame("0", {}, {"fb_used": 40 * 1024 + 2048 + t, "torch_reserved": res,
 ...                              "torch_allocated": 0.8 * res}, {}, "")
->>> [(t, e.state, e.evidence["gap"]) for t in range(900) if (e := d.update(t * S, f(t)))]
+>>> [(t, e.state, e.evidence["gap"]) for t in range(900) if (e := d.update(t * S, f(t), None))]
 [(300, 'firing', 'driver')]
 """
 
@@ -27,7 +27,7 @@ import numpy as np
 from scipy.stats import theilslopes
 
 from schemas.frame_messages import GpuFrame
-from streams.leaks.episode import Episode, LeakEvent, S, burn, price_per_h, value
+from streams.leaks.episode import Episode, LeakEvent, S, burn, value
 from streams.leaks.params import FragmentationParams
 from streams.leaks.windows import Slots
 
@@ -46,11 +46,12 @@ class Fragmentation:
         self._price: float | None = None
         self._last: dict[str, float | str | None] = {}
 
-    def update(self, t_ns: int, g: GpuFrame) -> LeakEvent | None:
+    def update(self, t_ns: int, g: GpuFrame, price: float | None) -> LeakEvent | None:
         fb, res, alloc = value(g, "fb_used"), value(g, "torch_reserved"), value(g, "torch_allocated")
         if fb is None or res is None or alloc is None:
             return None
-        self._price = price_per_h(g, self.grid_ns) or self._price
+        if price is not None:
+            self._price = price
         closed = self._fb.add(t_ns, fb)
         self._res.add(t_ns, res / _MIB)
         self._alloc.add(t_ns, alloc / _MIB)

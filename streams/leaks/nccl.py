@@ -14,9 +14,9 @@ slow collective moves one tick, not the median.
 >>> d = RetransmitStorm(RetransmitParams(learn_s=60, window_s=20), grid_ns=S)
 >>> def f(retries):
 ...     return GpuFrame("0", {}, {"nccl_retries": retries, "gpu_util": 80.0}, {}, "")
->>> [d.update(t * S, f(0.3)) for t in range(100)].count(None)
+>>> [d.update(t * S, f(0.3), None) for t in range(100)].count(None)
 100
->>> [(t, e.state) for t in range(100, 140) if (e := d.update(t * S, f(2.4)))]
+>>> [(t, e.state) for t in range(100, 140) if (e := d.update(t * S, f(2.4), None))]
 [(126, 'firing')]
 """
 
@@ -28,7 +28,7 @@ import numpy as np
 from scipy.stats import poisson
 
 from schemas.frame_messages import GpuFrame
-from streams.leaks.episode import Episode, LeakEvent, S, burn, price_per_h, rounded, util_drop, value
+from streams.leaks.episode import Episode, LeakEvent, S, burn, rounded, util_drop, value
 from streams.leaks.params import RetransmitParams, SlowAllreduceParams
 from streams.leaks.windows import Recent, Slots
 
@@ -62,7 +62,7 @@ class RetransmitStorm:
             self._stats = (mean, max(1.0, float(means.var()) * per_slot / mean) if mean > 0 else 1.0)
         return self._stats
 
-    def update(self, t_ns: int, g: GpuFrame) -> LeakEvent | None:
+    def update(self, t_ns: int, g: GpuFrame, price: float | None) -> LeakEvent | None:
         p = self.p
         r = value(g, "nccl_retries")
         if r is None:
@@ -71,7 +71,8 @@ class RetransmitStorm:
         util = value(g, "gpu_util")
         if util is not None:
             self._util.add(t_ns, util)
-        self._price = price_per_h(g, self.grid_ns) or self._price
+        if price is not None:
+            self._price = price
         grid_s = self.grid_ns / S
         base_rate = None
         bad = False
@@ -122,7 +123,7 @@ class SlowAllreduce:
         self._base_util = Slots(_SLOT_NS, int(params.baseline_s * S))
         self._price: float | None = None
 
-    def update(self, t_ns: int, g: GpuFrame) -> LeakEvent | None:
+    def update(self, t_ns: int, g: GpuFrame, price: float | None) -> LeakEvent | None:
         p = self.p
         ms = value(g, "nccl_allreduce_ms")
         if ms is None:
@@ -131,7 +132,8 @@ class SlowAllreduce:
         util = value(g, "gpu_util")
         if util is not None:
             self._util.add(t_ns, util)
-        self._price = price_per_h(g, self.grid_ns) or self._price
+        if price is not None:
+            self._price = price
         base = self._base_med
         now = None
         bad = False

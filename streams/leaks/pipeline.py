@@ -9,14 +9,14 @@ phases never do.
 >>> from schemas.frame_messages import GpuFrame
 >>> d = PipelineStall(StallParams(window_s=10, hold_s=2), grid_ns=S)
 >>> stall = GpuFrame("0", {}, {"dataloader_wait_ms": 400.0, "gpu_util": 3.0}, {"cost_usd": 0.001}, "")
->>> [(t, e.state) for t in range(12) if (e := d.update(t * S, stall))]
+>>> [(t, e.state) for t in range(12) if (e := d.update(t * S, stall, None))]
 [(7, 'firing')]
 """
 
 from __future__ import annotations
 
 from schemas.frame_messages import GpuFrame
-from streams.leaks.episode import Episode, LeakEvent, S, burn, price_per_h, rounded, value
+from streams.leaks.episode import Episode, LeakEvent, S, burn, rounded, value
 from streams.leaks.params import StallParams
 from streams.leaks.windows import Recent
 
@@ -36,7 +36,7 @@ class PipelineStall:
         self._price: float | None = None
         self._share = 0.0
 
-    def update(self, t_ns: int, g: GpuFrame) -> LeakEvent | None:
+    def update(self, t_ns: int, g: GpuFrame, price: float | None) -> LeakEvent | None:
         p = self.p
         w = value(g, "dataloader_wait_ms")
         if w is not None:
@@ -55,7 +55,8 @@ class PipelineStall:
             enough = self._stalled.covered_ns >= p.window_s * S / 2
             self._share = self._stalled.mean() or 0.0
             bad = enough and self._share >= p.min_share
-        self._price = price_per_h(g, self.grid_ns) or self._price
+        if price is not None:
+            self._price = price
         step = self.ep.step(t_ns, bad)
         if step is None:
             return None

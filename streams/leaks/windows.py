@@ -15,60 +15,66 @@
 from __future__ import annotations
 
 from collections import deque
-
-import numpy as np
+from statistics import median
 
 
 class Recent:
     """The values of the ticks within ``span_ns`` of the latest one."""
 
-    __slots__ = ("_items", "_sum", "span_ns")
+    __slots__ = ("_sum", "_t", "_v", "span_ns")
 
     def __init__(self, span_ns: int) -> None:
         self.span_ns = span_ns
-        self._items: deque[tuple[int, float]] = deque()
+        self._t: deque[int] = deque()
+        self._v: deque[float] = deque()
         self._sum = 0.0  # kept as items come and go; re-summed now and then against drift
 
     def add(self, t_ns: int, v: float) -> None:
-        items = self._items
-        items.append((t_ns, v))
+        times, vals = self._t, self._v
+        times.append(t_ns)
+        vals.append(v)
         self._sum += v
-        while items and items[0][0] <= t_ns - self.span_ns:
-            self._sum -= items.popleft()[1]
-        if not items or len(items) == 1:
-            self._sum = sum(x for _, x in items)
+        cut = t_ns - self.span_ns
+        while times[0] <= cut:
+            times.popleft()
+            self._sum -= vals.popleft()
+        if len(vals) == 1:
+            self._sum = v
 
     def values(self) -> list[float]:
-        return [v for _, v in self._items]
+        return list(self._v)
 
     def median(self) -> float | None:
-        return float(np.median(self.values())) if self._items else None
+        # A sort of a few hundred floats beats numpy's median on so few (no array to build).
+        return float(median(self._v)) if self._v else None
 
     def total(self) -> float:
         return self._sum
 
     def mean(self) -> float | None:
-        return self.total() / len(self._items) if self._items else None
+        return self._sum / len(self._v) if self._v else None
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._v)
 
     @property
     def covered_ns(self) -> int:
         """From the oldest to the newest tick held, one tick included (0 when empty)."""
-        if not self._items:
+        if not self._t:
             return 0
-        return self._items[-1][0] - self._items[0][0] + 1
+        return self._t[-1] - self._t[0] + 1
 
 
 class Slots:
     """Means of ``slot_ns`` slots over the last ``span_ns``: a long past in a few numbers."""
 
-    __slots__ = ("_done", "_n", "_slot", "_sum", "slot_ns")
+    __slots__ = ("_done_t", "_done_v", "_n", "_slot", "_sum", "slot_ns")
 
     def __init__(self, slot_ns: int, span_ns: int) -> None:
         self.slot_ns = slot_ns
-        self._done: deque[tuple[int, float]] = deque(maxlen=max(1, span_ns // slot_ns))
+        keep = max(1, span_ns // slot_ns)
+        self._done_t: deque[int] = deque(maxlen=keep)
+        self._done_v: deque[float] = deque(maxlen=keep)
         self._slot: int | None = None
         self._sum = 0.0
         self._n = 0
@@ -77,25 +83,27 @@ class Slots:
         """Add one tick's value; True when it closed a slot."""
         slot = t_ns // self.slot_ns
         closed = False
-        if self._slot is not None and slot != self._slot:
-            if self._n:
-                self._done.append((self._slot * self.slot_ns, self._sum / self._n))
+        if slot != self._slot:
+            prev = self._slot
+            if prev is not None and self._n:
+                self._done_t.append(prev * self.slot_ns)
+                self._done_v.append(self._sum / self._n)
                 closed = True
             self._sum, self._n = 0.0, 0
-        self._slot = slot
+            self._slot = slot
         self._sum += v
         self._n += 1
         return closed
 
     def means(self) -> list[float]:
-        return [v for _, v in self._done]
+        return list(self._done_v)
 
     def times(self) -> list[int]:
-        return [t for t, _ in self._done]
+        return list(self._done_t)
 
     def median(self) -> float | None:
-        return float(np.median(self.means())) if self._done else None
+        return float(median(self._done_v)) if self._done_v else None
 
     @property
     def covered_ns(self) -> int:
-        return len(self._done) * self.slot_ns
+        return len(self._done_v) * self.slot_ns

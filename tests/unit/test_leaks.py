@@ -13,6 +13,7 @@ from schemas.alerts import decode_alert, encode_alert
 from schemas.frame_messages import FrameMessage, GpuFrame
 from streams.detect.detectors import Detectors, DetectParams
 from streams.leaks.checkpoint import CheckpointStorm
+from streams.leaks.episode import price_per_h
 from streams.leaks.idle import IdleAllocated
 from streams.leaks.memory import Fragmentation
 from streams.leaks.nccl import RetransmitStorm, SlowAllreduce
@@ -48,10 +49,10 @@ def num(v: object) -> float:
 
 def run(det: object, frames: Iterable[tuple[int, GpuFrame]]) -> list[tuple[float, str]]:
     """(seconds from T0, state) of every event the detector emits."""
-    update: Callable[[int, GpuFrame], object] = det.update  # type: ignore[attr-defined]
+    update: Callable[[int, GpuFrame, float | None], object] = det.update  # type: ignore[attr-defined]
     out = []
     for t, g in frames:
-        ev = update(T0 + t * S, g)
+        ev = update(T0 + t * S, g, price_per_h(g, S))
         if ev is not None:
             out.append(((ev.tick_ns - T0) / S, ev.state))  # type: ignore[attr-defined]
     return out
@@ -66,7 +67,7 @@ def test_idle_allocated_fires_after_ten_minutes_and_prices_the_idle_hours() -> N
     back = [(1300, frame({"gpu_util": 60.0}, idle=0.0))]
     events = []
     for t, g in busy + idle + back:
-        ev = d.update(T0 + t * S, g)
+        ev = d.update(T0 + t * S, g, price_per_h(g, S))
         if ev is not None:
             events.append(ev)
     fire, end = events
@@ -170,7 +171,7 @@ def test_a_lastingly_slow_allreduce_fires_with_the_gpu_time_it_costs() -> None:
     slow = [(t, frame({"nccl_allreduce_ms": 18.0 * rng.lognormal(0, 0.3), "gpu_util": 60.0})) for t in range(400, 520)]
     events = []
     for t, g in calm + slow:
-        ev = d.update(T0 + t * S, g)
+        ev = d.update(T0 + t * S, g, price_per_h(g, S))
         if ev is not None:
             events.append(ev)
     [fire] = events
@@ -191,7 +192,7 @@ def test_a_growing_driver_gap_fires_with_the_memory_it_strands() -> None:
     frames = [_mem(t, 40 * 1024 + 800 + (0 if t < 600 else (t - 600) * 2.0), res, 0.8 * res) for t in range(1800)]
     events = []
     for t, g in frames:
-        ev = d.update(T0 + t * S, g)
+        ev = d.update(T0 + t * S, g, price_per_h(g, S))
         if ev is not None:
             events.append(ev)
     assert events and events[0].state == "firing" and events[0].evidence["gap"] == "driver"
@@ -202,7 +203,7 @@ def test_a_growing_driver_gap_fires_with_the_memory_it_strands() -> None:
 def test_a_growing_allocator_cache_fires() -> None:
     d = Fragmentation(FragmentationParams(), S)
     frames = [_mem(t, 30 * 1024 + 600 + t * 0.5, 30 * GIB + t * 0.5 * 2**20, 10 * GIB) for t in range(900)]
-    got = [e for e in (d.update(T0 + t * S, g) for t, g in frames) if e is not None]
+    got = [e for e in (d.update(T0 + t * S, g, price_per_h(g, S)) for t, g in frames) if e is not None]
     assert got and got[0].evidence["gap"] == "allocator"
 
 
