@@ -42,9 +42,9 @@ class SeriesWindow:
 
     def push(self, tick_ns: int, values: Mapping[str, float | None], host: Mapping[str, float | None],
              flops_per_watt: float | None = None) -> None:
-        row = [values.get(name) for name in _SAMPLED]
+        row = list(map(values.get, _SAMPLED))
         row.append(flops_per_watt)  # derived, not sampled: given apart
-        row += [host.get(name) for name in HOST_SERIES]
+        row += map(host.get, HOST_SERIES)
         self._pending.append((tick_ns, row))
         if len(self._pending) >= _CHUNK:
             self._flush()

@@ -121,6 +121,7 @@ class Detectors:
         self.drift = DriftBank(params.drift, grid_ns, max_entities=params.max_nodes * 16)
         self._last_tick: OrderedDict[str, int] = OrderedDict()
         self.leaks = LeakBank(params.leaks, grid_ns, max_entities=params.max_nodes * 16)
+        self._leaks_on = params.leaks.any_enabled
         self._open: dict[tuple[str, str, str], Alert] = {}  # (rule, node, gpu) -> its firing message
         self.stats = AlertTally()
 
@@ -259,6 +260,8 @@ class Detectors:
         return out
 
     def _leaks(self, m: FrameMessage) -> list[Alert]:
+        if not self._leaks_on:  # every rule off: no per-GPU bookkeeping either
+            return []
         res = self.leaks.on_message(m)
         if not res.events and not res.reset:
             return []

@@ -48,7 +48,7 @@ class LeakResult:
 
 @dataclass(slots=True)
 class _Gpu:
-    context: str
+    context: tuple[object, object, object]
     detectors: list[GpuDetector]
     waiting: list[tuple[str, Callable[[], GpuDetector]]]  # made when their first input shows (a stream a GPU
     # never has, as an inference GPU's dataloader, costs nothing per tick)
@@ -138,7 +138,7 @@ class LeakBank:
                           math.fsum(prices) if prices else None)
 
 
-def _context(g: GpuFrame) -> str:
+def _context(g: GpuFrame) -> tuple[object, object, object]:
+    """The workload holding the GPU: a new one starts the GPU's detectors again."""
     lab = g.labels
-    return "/".join(str(lab.get(k, "")) for k in ("namespace", "workload", "pod"))
-
+    return lab.get("namespace") or "", lab.get("workload") or "", lab.get("pod") or ""  # absent, None, "": alike

@@ -23,6 +23,7 @@ slow collective moves one tick, not the median.
 from __future__ import annotations
 
 from collections import deque
+from statistics import fmean
 
 import numpy as np
 from scipy.stats import poisson
@@ -46,7 +47,8 @@ class RetransmitStorm:
         self._now = Recent(int(params.window_s * S))
         self._base = Slots(_SLOT_NS, int(params.baseline_s * S))  # retries per tick, as slot means
         self._base_util = Slots(_SLOT_NS, int(params.baseline_s * S))
-        self._util = Recent(int(params.window_s * S))
+        # Evidence only (read when an episode changes state): the last window's worth of ticks, no time keeping.
+        self._util: deque[float] = deque(maxlen=max(1, int(params.window_s * S) // grid_ns))
         self._pending: deque[tuple[int, float, float | None]] = deque()
         self._stats: tuple[float, float] | None = None  # the baseline's (mean per tick, dispersion), per slot
         self._price: float | None = None
@@ -70,7 +72,7 @@ class RetransmitStorm:
         self._now.add(t_ns, r)
         util = value(g, "gpu_util")
         if util is not None:
-            self._util.add(t_ns, util)
+            self._util.append(util)
         if price is not None:
             self._price = price
         grid_s = self.grid_ns / S
@@ -99,7 +101,7 @@ class RetransmitStorm:
         if step is None:
             return None
         rate = k / seconds if seconds else 0.0
-        bu, nu = self._base_util.median(), self._util.mean()
+        bu, nu = self._base_util.median(), (fmean(self._util) if self._util else None)
         return LeakEvent(STORM_RULE, "firing" if step == "fire" else "resolved", self.ep.last_onset_ns, t_ns,
                          value=round(rate, 4), threshold=round(p.factor * (base_rate or p.min_base_per_s), 4),
                          baseline=None if base_rate is None else round(base_rate, 4),
@@ -119,7 +121,8 @@ class SlowAllreduce:
         self._now = Recent(int(params.window_s * S))
         self._base = Slots(_SLOT_NS, int(params.baseline_s * S))
         self._base_med: float | None = None
-        self._util = Recent(int(params.window_s * S))
+        # Evidence only (read when an episode changes state): the last window's worth of ticks, no time keeping.
+        self._util: deque[float] = deque(maxlen=max(1, int(params.window_s * S) // grid_ns))
         self._base_util = Slots(_SLOT_NS, int(params.baseline_s * S))
         self._price: float | None = None
 
@@ -131,7 +134,7 @@ class SlowAllreduce:
         self._now.add(t_ns, ms)
         util = value(g, "gpu_util")
         if util is not None:
-            self._util.add(t_ns, util)
+            self._util.append(util)
         if price is not None:
             self._price = price
         base = self._base_med
@@ -151,7 +154,7 @@ class SlowAllreduce:
         if step is None:
             return None
         now = now if now is not None else self._now.median() or 0.0
-        bu, nu = self._base_util.median(), self._util.mean()
+        bu, nu = self._base_util.median(), (fmean(self._util) if self._util else None)
         lost = util_drop(bu, nu)
         return LeakEvent(SLOW_RULE, "firing" if step == "fire" else "resolved", self.ep.last_onset_ns, t_ns,
                          value=round(now, 3), threshold=round(p.factor * (base or 0.0), 3),

@@ -153,6 +153,10 @@ class LeakParams:
         """These parameters with every rule turned off (drift and spikes alone, for comparisons)."""
         return dataclasses.replace(self, **{r: dataclasses.replace(getattr(self, r), enabled=False) for r in RULES})
 
+    @property
+    def any_enabled(self) -> bool:
+        return any(getattr(self, r).enabled for r in RULES)
+
     def history_s(self) -> float:
         """Seconds of frames that rebuild every enabled rule's state after a restart: an episode that began
         within it gets the same onset, so the same alert id. (A checkpoint storm's bursts are its history:
