@@ -128,6 +128,14 @@ class Settings:
     """How long ClickHouse keeps ``gpu_frames`` rows (the table's TTL, changed on an existing table at
     start); frames older than this are dropped by the server, and the worker says so with counts;
     FLOPWATCH_FRAMES_RETENTION_DAYS."""
+    rollups: bool = True
+    """Keep the 1 min and 1 h rollups of ``gpu_frames`` (materialized views; the current layout only);
+    FLOPWATCH_ROLLUPS."""
+    rollup_1m_retention_days: int = 400
+    """How long ``gpu_rollup_1m`` keeps its rows; FLOPWATCH_ROLLUP_1M_RETENTION_DAYS."""
+    rollup_1h_retention_days: int = 1825
+    """How long ``gpu_rollup_1h`` keeps its rows (the warm and cold tiers outlive the raw frames);
+    FLOPWATCH_ROLLUP_1H_RETENTION_DAYS."""
     max_future_s: float = 300.0
     """UTC samples further ahead than this are rejected ``too_new``; FLOPWATCH_MAX_FUTURE_S."""
     clock_wait_s: float = 10.0
@@ -326,7 +334,8 @@ _RETIRED = {
 }
 
 _POSITIVE = ("partitions", "replication", "flush_interval_ms", "flush_rows", "max_poll_records", "grid_ms",
-             "source_idle_s", "max_age_s", "max_future_s", "clickhouse_port", "clock_wait_s", "frames_retention_days")
+             "source_idle_s", "max_age_s", "max_future_s", "clickhouse_port", "clock_wait_s", "frames_retention_days",
+             "rollup_1m_retention_days", "rollup_1h_retention_days")
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

@@ -26,6 +26,16 @@ def check_identifier(name: str) -> str:
     return name
 
 
+_TOKEN: Final = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+
+
+def check_token(token: str) -> str:
+    """Return ``token`` if it is safe inside a quoted SETTINGS literal, else raise ValueError."""
+    if not _TOKEN.fullmatch(token):
+        raise ValueError(f"{token!r} is not a valid deduplication token")
+    return token
+
+
 INT_LABEL_COLS: Final = frozenset({"rank", "pid"})
 # The frame's columns come from its contract (schemas.frames); the short names are the DDL's.
 VALUE_COLS: Final = frames.VALUE_COLUMNS

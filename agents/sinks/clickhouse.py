@@ -17,7 +17,7 @@ import numpy as np
 import orjson
 
 from agents.settings import Settings
-from schemas import ddl
+from schemas import ddl, rollups
 from schemas.alerts import LEAK_RULES
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,9 @@ class ChdbBackend:
             if name in cols:
                 cols[name] = [_ms_text(v) for v in cols[name]]
         names = ", ".join(cols)
-        settings = f" SETTINGS insert_deduplication_token = '{token}'" if token else ""
+        # The token is ours (hex); with it, a retried block is dropped from the rollups' views too.
+        settings = (f" SETTINGS insert_deduplication_token = '{ddl.check_token(token)}', "
+                    "deduplicate_blocks_in_dependent_materialized_views = 1") if token else ""
         # NaN in a float array becomes null, which is what a Nullable column wants.
         payload = orjson.dumps(cols, option=orjson.OPT_SERIALIZE_NUMPY).decode()
         self._query(f"INSERT INTO {self.database}.{ddl.check_identifier(table)} ({names}){settings} "
@@ -181,7 +183,8 @@ class NativeBackend:
                     cols[name] = [datetime.fromtimestamp(v / 1e3, UTC) for v in cols[name]]
         sql = f"INSERT INTO {self.database}.{ddl.check_identifier(table)} ({', '.join(cols)}) VALUES"
         data: Sequence[list[Any]] = list(cols.values())
-        settings = {"insert_deduplication_token": token} if token and self.layout == "current" else None
+        settings = ({"insert_deduplication_token": token, **rollups.INSERT_SETTINGS}
+                    if token and self.layout == "current" else None)
         self._run(f"an insert into {table}", lambda: self._client.execute(sql, data, columnar=True, settings=settings))
 
     def close(self) -> None:
@@ -200,9 +203,14 @@ def database_exists(backend: Backend) -> bool:
     return bool(rows and int(rows[0][0]))
 
 
-def ensure_schema(backend: Backend, retention_days: int = 400) -> None:
+def ensure_schema(backend: Backend, retention_days: int = 400,
+                  rollup_days: tuple[int, int] | None = (400, 1825)) -> None:
+    """Create or bring up to date flopwatch's tables; ``rollup_days`` (1 min, 1 h retention) or None: no
+    rollups (their views are dropped, so inserts stop feeding them; their rows stay)."""
     for stmt in ddl.all_tables(backend.database, backend.layout, retention_days):
         backend.execute(stmt)
+    if backend.layout == "current":
+        _ensure_rollups(backend, rollup_days)
     if backend.layout == "current":  # the legacy layout has no TTL
         _, rows = backend.rows(f"SELECT create_table_query FROM system.tables WHERE database = '{backend.database}' "
                                "AND name = 'gpu_frames'")
@@ -219,6 +227,26 @@ def ensure_schema(backend: Backend, retention_days: int = 400) -> None:
         backend.execute(stmt)
     if backend.layout == "current":  # the legacy server reads the ledger through `flopwatch leaks` only
         backend.execute(ddl.leak_episodes_view(backend.database, LEAK_RULES))
+
+
+def _ensure_rollups(backend: Backend, days: tuple[int, int] | None) -> None:
+    db = backend.database
+    _, rows = backend.rows(f"SELECT name, create_table_query FROM system.tables WHERE database = '{db}'")
+    have = {str(name): str(q) for name, q in rows}
+    for r, keep in zip(rollups.ROLLUPS, days or (None, None), strict=True):
+        if keep is None:
+            if f"{r.table}_mv" in have:
+                log.warning("rollups are off: %s is no longer fed (its rows stay)", r.table)
+                backend.execute(f"DROP VIEW IF EXISTS {db}.{r.table}_mv")
+            continue
+        backend.execute(rollups.rollup_table(db, r, keep))
+        if r.table not in have:
+            # The view sees new blocks only: what was written before goes in once, now, before the worker writes.
+            backend.execute(rollups.rollup_backfill(db, r))
+        elif rollups.rollup_ttl_days(have[r.table]) != keep:
+            log.warning("%s keeps rows for %d days from now on", r.table, keep)
+            backend.execute(rollups.rollup_ttl(db, r, keep))
+        backend.execute(rollups.rollup_view(db, r))
 
 
 def _columns(backend: Backend, table: str) -> set[str]:

@@ -1,0 +1,121 @@
+"""Rollups of ``gpu_frames`` at 1 minute and 1 hour: AggregatingMergeTree tables fed by materialized views.
+
+A month of 1,000 GPUs at a 1 s grid is 2.6 billion raw rows; its 1 h rollup is 720,000. Each
+rollup row holds one GPU's bucket for one workload (the labels are part of the key, so a GPU
+that changed hands within a bucket has a row per holder):
+
+- ``frames``: the raw rows it sums (``frames * grid`` is GPU-time); ``energy_j_sum``, ``cost_usd_sum``;
+  ``idle_frames`` and ``idle_cost_usd``: frames a pod held the GPU while it idled (derive's
+  ``idle``), and what they cost;
+- per measure ``<m>_avg`` (``avgMerge``), ``<m>_max`` (``max``), and for the ones people look at as
+  distributions ``<m>_q`` (``quantilesTDigestMerge(0.5, 0.9, 0.99)``: a t-digest keeps a bucket's
+  state small, a few hundred bytes, at about 1% of rank error).
+
+Both views read ``gpu_frames`` itself (not one rollup from the other), so each is exact on its own.
+Sums, counts, averages and maxima read from a rollup equal the raw table's; the quantiles are
+estimates. Written rows are never double counted: a retried block carries the same
+``insert_deduplication_token`` and ``deduplicate_blocks_in_dependent_materialized_views`` drops it
+from the rollups as from ``gpu_frames`` (``INSERT_SETTINGS``).
+
+Only the current layout has rollups (the legacy server keeps the raw table alone).
+
+>>> [r.table for r in ROLLUPS]
+['gpu_rollup_1m', 'gpu_rollup_1h']
+>>> print(rollup_table("fw", ROLLUPS[1], 1825).splitlines()[-3])
+ORDER BY (node, gpu, ts, namespace, workload, workload_class, gpu_model, region, precision)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from schemas.ddl import check_identifier
+
+# The labels a rollup row is kept per: what people group cost and efficiency by (pod is left out: its
+# cardinality would make the rollups as large as the raw table for short-lived pods).
+KEY_LABELS: Final = ("namespace", "workload", "workload_class", "gpu_model", "region", "precision")
+MEASURES: Final = ("gpu_util", "sm_active", "tensor_active", "power", "temperature", "fb_used", "tflops",
+                   "flops_per_watt", "cost_per_tflops")
+DISTRIBUTIONS: Final = ("gpu_util", "power", "flops_per_watt", "cost_per_tflops")
+LEVELS: Final = (0.5, 0.9, 0.99)
+# Settings every insert into gpu_frames carries: a retried block is dropped by the rollups' views too.
+INSERT_SETTINGS: Final = {"deduplicate_blocks_in_dependent_materialized_views": 1}
+
+
+@dataclass(frozen=True, slots=True)
+class Rollup:
+    table: str
+    bucket: str  # the ClickHouse function that starts a row's bucket
+    seconds: int
+
+
+ROLLUPS: Final = (Rollup("gpu_rollup_1m", "toStartOfMinute", 60), Rollup("gpu_rollup_1h", "toStartOfHour", 3600))
+
+
+def _levels() -> str:
+    return ", ".join(str(q) for q in LEVELS)
+
+
+def rollup_table(db: str, r: Rollup, retention_days: int) -> str:
+    check_identifier(db)
+    if int(retention_days) < 1:
+        raise ValueError(f"a rollup's retention must be at least 1 day, got {retention_days}")
+    lc = "LowCardinality(String)"
+    cols = ["ts DateTime('UTC') CODEC(DoubleDelta, ZSTD(1))", f"node {lc}", f"gpu {lc}"]
+    cols += [f"{k} {lc}" for k in KEY_LABELS]
+    cols += ["frames SimpleAggregateFunction(sum, UInt64)", "energy_j_sum SimpleAggregateFunction(sum, Float64)",
+             "cost_usd_sum SimpleAggregateFunction(sum, Float64)", "idle_frames SimpleAggregateFunction(sum, UInt64)",
+             "idle_cost_usd SimpleAggregateFunction(sum, Float64)"]
+    for m in MEASURES:
+        cols += [f"{m}_avg AggregateFunction(avg, Nullable(Float64))",
+                 f"{m}_max SimpleAggregateFunction(max, Nullable(Float64))"]
+        if m in DISTRIBUTIONS:
+            cols.append(f"{m}_q AggregateFunction(quantilesTDigest({_levels()}), Nullable(Float64))")
+    body = ",\n  ".join(cols)
+    return (f"CREATE TABLE IF NOT EXISTS {db}.{r.table} (\n  {body}\n)\nENGINE = AggregatingMergeTree\n"
+            f"PARTITION BY toYYYYMM(ts)\nORDER BY (node, gpu, ts, {', '.join(KEY_LABELS)})\n"
+            f"TTL ts + INTERVAL {int(retention_days)} DAY\nSETTINGS non_replicated_deduplication_window = 1000")
+
+
+def rollup_view(db: str, r: Rollup) -> str:
+    """The materialized view that aggregates each block inserted into ``gpu_frames`` into ``r``."""
+    return f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{r.table}_mv TO {db}.{r.table} AS\n{_select(db, r)}"
+
+
+def rollup_backfill(db: str, r: Rollup) -> str:
+    """What fills a new rollup from the frames written before it existed (its view only sees new blocks)."""
+    return f"INSERT INTO {db}.{r.table}\n{_select(db, r)}"
+
+
+def _select(db: str, r: Rollup) -> str:
+    check_identifier(db)
+    idle = "idle = 1 AND pod != ''"  # a GPU nobody holds is free capacity, not a waste
+    sel = [f"{r.bucket}(ts) AS ts", "node", "gpu", *KEY_LABELS, "count() AS frames",
+           "sum(ifNull(energy_j, 0)) AS energy_j_sum", "sum(ifNull(cost_usd, 0)) AS cost_usd_sum",
+           f"countIf({idle}) AS idle_frames", f"sumIf(ifNull(cost_usd, 0), {idle}) AS idle_cost_usd"]
+    for m in MEASURES:
+        sel += [f"avgState({m}) AS {m}_avg", f"max({m}) AS {m}_max"]
+        if m in DISTRIBUTIONS:
+            sel.append(f"quantilesTDigestState({_levels()})({m}) AS {m}_q")
+    cols = ",\n  ".join(sel)
+    return f"SELECT\n  {cols}\nFROM {db}.gpu_frames\nGROUP BY ts, node, gpu, {', '.join(KEY_LABELS)}"
+
+
+def rollup_ttl(db: str, r: Rollup, days: int) -> str:
+    """What changes an existing rollup's retention."""
+    check_identifier(db)
+    if int(days) < 1:
+        raise ValueError(f"a rollup's retention must be at least 1 day, got {days}")
+    return f"ALTER TABLE {db}.{r.table} MODIFY TTL ts + INTERVAL {int(days)} DAY"
+
+
+def rollup_ttl_days(create_table_query: str) -> int | None:
+    """The retention a rollup's ``SHOW CREATE TABLE`` states.
+
+    >>> rollup_ttl_days("... TTL ts + toIntervalDay(1825) SETTINGS ..."), rollup_ttl_days("ENGINE = Memory")
+    (1825, None)
+    """
+    m = re.search(r"TTL\s+ts\s*\+\s*(?:toIntervalDay\((\d+)\)|INTERVAL\s+(\d+)\s+DAY)", create_table_query)
+    return None if m is None else int(m.group(1) or m.group(2))
