@@ -227,8 +227,17 @@ def ttl_days_of(create_table_query: str) -> int | None:
     return None if m is None else int(m.group(1) or m.group(2))
 
 
-def all_tables(db: str, layout: Layout = "current", retention_days: int = 400) -> list[str]:
-    return [f"CREATE DATABASE IF NOT EXISTS {check_identifier(db)}", gpu_frames(db, layout, retention_days),
-            k8s_events(db, layout),
-            ingest_progress(db, layout), node_progress(db, layout), detections(db, layout),
-            scale_decisions(db, layout)]
+def schema_version(db: str, layout: Layout = "current") -> str:
+    """Which versions of flopwatch's schema were applied to the database, and when (``agents.sinks.schema``)."""
+    check_identifier(db)
+    ts = "DateTime64(3, 'UTC')" if layout == "current" else "UInt64"
+    return (f"CREATE TABLE IF NOT EXISTS {db}.schema_version (\n  version UInt32, applied_at {ts}, by String\n)\n"
+            "ENGINE = ReplacingMergeTree\nORDER BY version")
+
+
+def tables(db: str, layout: Layout = "current", retention_days: int = 400) -> dict[str, str]:
+    """Each base table's name and what creates it, in the order to create them."""
+    return {"gpu_frames": gpu_frames(db, layout, retention_days), "k8s_events": k8s_events(db, layout),
+            "ingest_progress": ingest_progress(db, layout), "node_progress": node_progress(db, layout),
+            "detections": detections(db, layout), "scale_decisions": scale_decisions(db, layout),
+            "schema_version": schema_version(db, layout)}

@@ -14,6 +14,8 @@ def collect() -> None:
 
 
 @click.group(cls=LazyGroup, lazy_commands={"json": "agents.cli.schema:schema_command",
-                                           "export": "agents.cli.schema:export_command"})
+                                           "export": "agents.cli.schema:export_command",
+                                           "migrate": "agents.cli.schema_db:migrate_command",
+                                           "show": "agents.cli.schema_db:show_command"})
 def schema() -> None:
-    """The contracts of flopwatch's topics."""
+    """The contracts of flopwatch's topics (json, export) and its ClickHouse schema (migrate, show)."""

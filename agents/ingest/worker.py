@@ -41,9 +41,10 @@ from agents.kafka.producer import SampleProducer
 from agents.kafka.topics import Topics, aiokafka_config
 from agents.runtime.timebase import SYSTEM_CLOCK, Clock
 from agents.settings import Settings
-from agents.sinks.clickhouse import Backend, ensure_schema, open_backend
+from agents.sinks.clickhouse import Backend, open_backend
 from agents.sinks.deadletter import DeadLetter
 from agents.sinks.frames_out import FramePublisher
+from agents.sinks.schema import ensure_schema
 from agents.sinks.store import FrameStore, Pending
 from streams.efficiency.enrich import Enricher
 

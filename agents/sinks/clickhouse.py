@@ -18,7 +18,6 @@ import orjson
 
 from agents.settings import Settings
 from schemas import ddl, rollups
-from schemas.alerts import LEAK_RULES
 
 log = logging.getLogger(__name__)
 Columns = dict[str, Any]  # column name -> list or numpy array
@@ -40,7 +39,7 @@ class Backend(Protocol):
 
 
 # Epoch-millisecond columns besides ``ts`` (whose unit depends on the table).
-_MS_COLUMNS = ("written_at", "onset_ts")
+_MS_COLUMNS = ("written_at", "onset_ts", "applied_at")
 
 
 def _plain(col: Any) -> list[Any]:
@@ -201,57 +200,3 @@ def database_exists(backend: Backend) -> bool:
     # The name passed check_identifier ([A-Za-z_][A-Za-z0-9_]*), so it is safe as a literal.
     _, rows = backend.rows(f"SELECT count() FROM system.databases WHERE name = '{backend.database}'")
     return bool(rows and int(rows[0][0]))
-
-
-def ensure_schema(backend: Backend, retention_days: int = 400,
-                  rollup_days: tuple[int, int] | None = (400, 1825)) -> None:
-    """Create or bring up to date flopwatch's tables; ``rollup_days`` (1 min, 1 h retention) or None: no
-    rollups (their views are dropped, so inserts stop feeding them; their rows stay)."""
-    for stmt in ddl.all_tables(backend.database, backend.layout, retention_days):
-        backend.execute(stmt)
-    if backend.layout == "current":
-        _ensure_rollups(backend, rollup_days)
-    if backend.layout == "current":  # the legacy layout has no TTL
-        _, rows = backend.rows(f"SELECT create_table_query FROM system.tables WHERE database = '{backend.database}' "
-                               "AND name = 'gpu_frames'")
-        had = ddl.ttl_days_of(str(rows[0][0])) if rows else None
-        if had != retention_days:
-            log.warning("gpu_frames keeps frames for %d days from now on (it kept them for %s)", retention_days,
-                        "ever" if had is None else f"{had} days")
-            backend.execute(ddl.frames_ttl(backend.database, retention_days))
-    # A table made by an older flopwatch lacks the newer columns: add them (CREATE ... IF NOT
-    # EXISTS leaves an existing table as it is).
-    # The name passed check_identifier, so it is safe as a literal (the two clients differ in parameter syntax).
-    for stmt in (*ddl.gpu_frames_migrations(backend.database, _columns(backend, "gpu_frames"), backend.layout),
-                 *ddl.detections_migrations(backend.database, _columns(backend, "detections"))):
-        backend.execute(stmt)
-    if backend.layout == "current":  # the legacy server reads the ledger through `flopwatch leaks` only
-        backend.execute(ddl.leak_episodes_view(backend.database, LEAK_RULES))
-
-
-def _ensure_rollups(backend: Backend, days: tuple[int, int] | None) -> None:
-    db = backend.database
-    _, rows = backend.rows(f"SELECT name, create_table_query FROM system.tables WHERE database = '{db}'")
-    have = {str(name): str(q) for name, q in rows}
-    for r, keep in zip(rollups.ROLLUPS, days or (None, None), strict=True):
-        if keep is None:
-            if f"{r.table}_mv" in have:
-                log.warning("rollups are off: %s is no longer fed (its rows stay)", r.table)
-                backend.execute(f"DROP VIEW IF EXISTS {db}.{r.table}_mv")
-            continue
-        backend.execute(rollups.rollup_table(db, r, keep))
-        if r.table not in have:
-            # The view sees new blocks only: what was written before goes in once, now, before the worker writes.
-            backend.execute(rollups.rollup_backfill(db, r))
-        elif rollups.rollup_ttl_days(have[r.table]) != keep:
-            log.warning("%s keeps rows for %d days from now on", r.table, keep)
-            backend.execute(rollups.rollup_ttl(db, r, keep))
-        backend.execute(rollups.rollup_view(db, r))
-
-
-def _columns(backend: Backend, table: str) -> set[str]:
-    """The columns a table of flopwatch's database has now."""
-    # The names passed check_identifier, so they are safe as literals (the two clients differ in parameter syntax).
-    _, rows = backend.rows(f"SELECT name FROM system.columns WHERE database = '{backend.database}' "
-                           f"AND table = '{ddl.check_identifier(table)}'")
-    return {str(r[0]) for r in rows}

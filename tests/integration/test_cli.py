@@ -13,8 +13,9 @@ import pytest
 
 from agents.collect.simulator import SimulatorPublisher
 from agents.settings import Settings
+from agents.sinks.clickhouse import open_backend
 from streams.sim.simulate import SimParams
-from tests.integration.helpers import run_worker_until_idle, stored_frames, worker_env
+from tests.integration.helpers import run_worker_until_idle, stored_frames, worker_cmd, worker_env
 
 pytestmark = pytest.mark.integration
 
@@ -109,3 +110,20 @@ def test_simulate_with_rebooting_clock_domains_feeds_the_worker(base_settings: S
 
     misuse = flopwatch(base_settings, "simulate", "--clock-reset", "4")
     assert misuse.returncode == 2 and "--clock-reset needs --clock-domains" in misuse.stderr
+
+
+def test_a_worker_refuses_a_database_of_a_newer_flopwatch(base_settings: Settings) -> None:
+    from agents.sinks.schema import SCHEMA_VERSION, ensure_schema
+
+    backend = open_backend(base_settings)
+    try:
+        ensure_schema(backend)
+        backend.execute(f"INSERT INTO {backend.database}.schema_version (version, applied_at, by) "
+                        f"VALUES ({SCHEMA_VERSION + 1}, now64(), 'a later flopwatch')")
+    finally:
+        backend.close()
+    proc = subprocess.run(worker_cmd("--exit-when-idle", "2"), env=worker_env(base_settings), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode != 0
+    assert f"schema version {SCHEMA_VERSION + 1}" in proc.stderr and "Upgrade flopwatch" in proc.stderr, \
+        proc.stderr[-3000:]

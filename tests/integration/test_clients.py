@@ -8,7 +8,8 @@ import pytest
 
 from agents.kafka.producer import DeliveryError, SampleProducer
 from agents.settings import Settings
-from agents.sinks.clickhouse import Backend, ClickHouseError, NativeBackend, ensure_schema, open_backend
+from agents.sinks.clickhouse import Backend, ClickHouseError, NativeBackend, open_backend
+from agents.sinks.schema import ensure_schema
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from agents.settings import Settings
-from agents.sinks.clickhouse import ensure_schema, open_backend
+from agents.sinks.clickhouse import open_backend
+from agents.sinks.schema import ensure_schema
 from agents.sinks.store import FrameStore
 from schemas.catalog import BY_NAME
 from streams.align.aligner import AlignParams, GridAligner

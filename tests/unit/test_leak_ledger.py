@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from agents.cli.main import cli
 from agents.detect.agent import detection_columns
 from agents.settings import load_settings
-from agents.sinks.clickhouse import ensure_schema, open_backend
+from agents.sinks.clickhouse import open_backend
+from agents.sinks.schema import ensure_schema
 from schemas.alerts import Cause, make_alert
 
 S = 1_000_000_000

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from agents.sinks.clickhouse import ChdbBackend, ensure_schema
+from agents.sinks.clickhouse import ChdbBackend
+from agents.sinks.schema import ensure_schema
 from schemas.rollups import ROLLUPS
 from streams.sim.simulate import SimParams
 from tests.sim_store import ingest_simulation

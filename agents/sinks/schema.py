@@ -1,0 +1,137 @@
+"""flopwatch's ClickHouse schema, versioned: what a database lacks, and bringing it up to date.
+
+``plan`` reads what the database has (``system.tables``, ``system.columns``, the
+``schema_version`` table) and lists the statements that make it current: tables and views it
+lacks, columns an older flopwatch did not write, retention changes, a new rollup's one-time fill.
+Every statement is idempotent, so applying a plan twice, or two workers applying it at once, is
+harmless. ``ensure_schema`` (every worker at start, ``flopwatch schema migrate``) applies it and
+records the version; a database whose recorded version is newer than this flopwatch knows is
+refused, with a message that says so, before anything is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Final
+
+from agents.sinks.clickhouse import Backend, ClickHouseError
+from schemas import ddl, rollups
+from schemas.alerts import LEAK_RULES
+
+log = logging.getLogger(__name__)
+
+# What each version added; a database records the versions applied to it in ``schema_version``.
+HISTORY: Final = {
+    1: "gpu_frames, k8s_events, ingest_progress, node_progress, detections, scale_decisions",
+    2: "detections.causes, the leak_episodes view",
+    3: "gpu_rollup_1m and gpu_rollup_1h with their materialized views, schema_version",
+}
+SCHEMA_VERSION: Final = max(HISTORY)
+
+
+class SchemaTooNewError(ClickHouseError):
+    """The database was migrated by a newer flopwatch: this one would write what that one does not expect."""
+
+
+@dataclass(slots=True)
+class Plan:
+    database: str
+    found: int | None  # the version the database records; 0: tables without a record; None: no tables
+    statements: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what changes, for people (retention, views dropped)
+
+    @property
+    def current(self) -> bool:
+        return self.found == SCHEMA_VERSION and not self.statements
+
+
+def plan(backend: Backend, retention_days: int = 400, rollup_days: tuple[int, int] | None = (400, 1825)) -> Plan:
+    """What ``backend``'s database needs to be at ``SCHEMA_VERSION`` with these retentions."""
+    db, layout = backend.database, backend.layout
+    # The name passed check_identifier, so it is safe as a literal (the two clients differ in parameter syntax).
+    _, rows = backend.rows(f"SELECT name, create_table_query FROM system.tables WHERE database = '{db}'")
+    have = {str(name): str(q) for name, q in rows}
+    out = Plan(db, _recorded(backend) if "schema_version" in have else (0 if have else None))
+    if out.found is not None and out.found > SCHEMA_VERSION:
+        return out
+    stmts = out.statements
+    if not have:
+        stmts.append(f"CREATE DATABASE IF NOT EXISTS {db}")
+    stmts += [sql for name, sql in ddl.tables(db, layout, retention_days).items() if name not in have]
+    if layout == "current" and "gpu_frames" in have:  # the legacy layout has no TTL
+        had = ddl.ttl_days_of(have["gpu_frames"])
+        if had != retention_days:
+            out.notes.append(f"gpu_frames keeps frames for {retention_days} days from now on (it kept them for "
+                             + ("ever" if had is None else f"{had} days") + ")")
+            stmts.append(ddl.frames_ttl(db, retention_days))
+    # A table made by an older flopwatch lacks the newer columns (CREATE ... IF NOT EXISTS leaves it as it is).
+    if "gpu_frames" in have:
+        stmts += ddl.gpu_frames_migrations(db, _columns(backend, "gpu_frames"), layout)
+    if "detections" in have:
+        stmts += ddl.detections_migrations(db, _columns(backend, "detections"))
+    if layout == "current":  # the legacy server reads the ledger through `flopwatch leaks` only, and has no rollups
+        if "leak_episodes" not in have or (out.found or 0) < SCHEMA_VERSION:
+            stmts.append(ddl.leak_episodes_view(db, LEAK_RULES))
+        _plan_rollups(out, have, rollup_days)
+    return out
+
+
+def _plan_rollups(out: Plan, have: dict[str, str], days: tuple[int, int] | None) -> None:
+    db = out.database
+    for r, keep in zip(rollups.ROLLUPS, days or (None, None), strict=True):
+        view = f"{r.table}_mv"
+        if keep is None:
+            if view in have:
+                out.notes.append(f"rollups are off: {r.table} is no longer fed (its rows stay)")
+                out.statements.append(f"DROP VIEW IF EXISTS {db}.{view}")
+            continue
+        if r.table not in have:
+            out.statements.append(rollups.rollup_table(db, r, keep))
+            if "gpu_frames" in have:  # the view sees new blocks only: what was written before goes in once
+                out.statements.append(rollups.rollup_backfill(db, r))
+        elif rollups.rollup_ttl_days(have[r.table]) != keep:
+            out.notes.append(f"{r.table} keeps rows for {keep} days from now on")
+            out.statements.append(rollups.rollup_ttl(db, r, keep))
+        if view not in have:
+            out.statements.append(rollups.rollup_view(db, r))
+
+
+def apply(backend: Backend, p: Plan, now_ms: int | None = None) -> None:
+    """Run ``p``'s statements and record ``SCHEMA_VERSION``; refuses a database newer than this flopwatch."""
+    if p.found is not None and p.found > SCHEMA_VERSION:
+        raise SchemaTooNewError(
+            f"database {p.database!r} is at schema version {p.found}, written by a newer flopwatch; this one knows "
+            f"versions up to {SCHEMA_VERSION} ({HISTORY[SCHEMA_VERSION]}). Upgrade flopwatch, or point "
+            "FLOPWATCH_CLICKHOUSE_DATABASE at another database")
+    for note in p.notes:
+        log.warning("%s", note)
+    for stmt in p.statements:
+        backend.execute(stmt)
+    if p.found != SCHEMA_VERSION:
+        ms = int(time.time() * 1000) if now_ms is None else now_ms
+        backend.insert("schema_version", {"version": [SCHEMA_VERSION], "applied_at": [ms], "by": ["flopwatch"]})
+        log.info("database %s: schema version %s -> %d", p.database, p.found, SCHEMA_VERSION)
+
+
+def ensure_schema(backend: Backend, retention_days: int = 400,
+                  rollup_days: tuple[int, int] | None = (400, 1825)) -> Plan:
+    """Create or bring up to date flopwatch's tables (``rollup_days``: the 1 min and 1 h rollups' retention, or
+    None: no rollups; their views are dropped, so inserts stop feeding them, and their rows stay)."""
+    p = plan(backend, retention_days, rollup_days)
+    apply(backend, p)
+    return p
+
+
+def _recorded(backend: Backend) -> int:
+    _, rows = backend.rows(f"SELECT max(version) FROM {backend.database}.schema_version")
+    return int(rows[0][0]) if rows and rows[0][0] is not None else 0
+
+
+def _columns(backend: Backend, table: str) -> set[str]:
+    """The columns a table of flopwatch's database has now."""
+    # The names passed check_identifier, so they are safe as literals (the two clients differ in parameter syntax).
+    _, rows = backend.rows(f"SELECT name FROM system.columns WHERE database = '{backend.database}' "
+                           f"AND table = '{ddl.check_identifier(table)}'")
+    return {str(r[0]) for r in rows}
