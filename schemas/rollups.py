@@ -6,7 +6,9 @@ that changed hands within a bucket has a row per holder):
 
 - ``frames``: the raw rows it sums (``frames * grid`` is GPU-time); ``energy_j_sum``, ``cost_usd_sum``;
   ``idle_frames`` and ``idle_cost_usd``: frames a pod held the GPU while it idled (derive's
-  ``idle``), and what they cost;
+  ``idle``), and what they cost; ``tflops_sum`` and ``requests_sum``, which times the grid are the
+  TFLOP/s-seconds delivered and the requests served (cost per TFLOP/s-hour and per request are ratios
+  of sums, not averages of per-frame ratios);
 - per measure ``<m>_avg`` (``avgMerge``), ``<m>_max`` (``max``), and for the ones people look at as
   distributions ``<m>_q`` (``quantilesTDigestMerge(0.5, 0.9, 0.99)``: a t-digest keeps a bucket's
   state small, a few hundred bytes, at about 1% of rank error).
@@ -67,7 +69,8 @@ def rollup_table(db: str, r: Rollup, retention_days: int) -> str:
     cols += [f"{k} {lc}" for k in KEY_LABELS]
     cols += ["frames SimpleAggregateFunction(sum, UInt64)", "energy_j_sum SimpleAggregateFunction(sum, Float64)",
              "cost_usd_sum SimpleAggregateFunction(sum, Float64)", "idle_frames SimpleAggregateFunction(sum, UInt64)",
-             "idle_cost_usd SimpleAggregateFunction(sum, Float64)"]
+             "idle_cost_usd SimpleAggregateFunction(sum, Float64)", "tflops_sum SimpleAggregateFunction(sum, Float64)",
+             "requests_sum SimpleAggregateFunction(sum, Float64)"]
     for m in MEASURES:
         cols += [f"{m}_avg AggregateFunction(avg, Nullable(Float64))",
                  f"{m}_max SimpleAggregateFunction(max, Nullable(Float64))"]
@@ -94,7 +97,8 @@ def _select(db: str, r: Rollup) -> str:
     idle = "idle = 1 AND pod != ''"  # a GPU nobody holds is free capacity, not a waste
     sel = [f"{r.bucket}(ts) AS ts", "node", "gpu", *KEY_LABELS, "count() AS frames",
            "sum(ifNull(energy_j, 0)) AS energy_j_sum", "sum(ifNull(cost_usd, 0)) AS cost_usd_sum",
-           f"countIf({idle}) AS idle_frames", f"sumIf(ifNull(cost_usd, 0), {idle}) AS idle_cost_usd"]
+           f"countIf({idle}) AS idle_frames", f"sumIf(ifNull(cost_usd, 0), {idle}) AS idle_cost_usd",
+           "sum(ifNull(tflops, 0)) AS tflops_sum", "sum(ifNull(request_rate, 0)) AS requests_sum"]
     for m in MEASURES:
         sel += [f"avgState({m}) AS {m}_avg", f"max({m}) AS {m}_max"]
         if m in DISTRIBUTIONS:

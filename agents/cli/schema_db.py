@@ -27,7 +27,7 @@ def migrate_command(ctx: click.Context, dry_run: bool) -> None:
     try:
         backend = open_backend(s)
         try:
-            p = plan(backend, s.frames_retention_days, _rollup_days(ctx))
+            p = plan(backend, s.frames_retention_days, _rollup_days(ctx), s.grid_ms)
             if dry_run:
                 if p.found is not None and p.found > SCHEMA_VERSION:
                     apply(backend, p)  # refuses, with the message a worker would give
@@ -62,7 +62,7 @@ def show_command(ctx: click.Context) -> None:
     try:
         backend = open_backend(s)
         try:
-            p = plan(backend, s.frames_retention_days, _rollup_days(ctx))
+            p = plan(backend, s.frames_retention_days, _rollup_days(ctx), s.grid_ms)
             _, rows = backend.rows("SELECT name, engine, total_rows, create_table_query FROM system.tables "
                                    f"WHERE database = '{backend.database}' ORDER BY name")
         finally:

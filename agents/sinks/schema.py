@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from agents.sinks.clickhouse import Backend, ClickHouseError
-from schemas import ddl, rollups
+from schemas import ddl, rollups, views
 from schemas.alerts import LEAK_RULES
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 HISTORY: Final = {
     1: "gpu_frames, k8s_events, ingest_progress, node_progress, detections, scale_decisions",
     2: "detections.causes, the leak_episodes view",
-    3: "gpu_rollup_1m and gpu_rollup_1h with their materialized views, schema_version",
+    3: "gpu_rollup_1m and gpu_rollup_1h with their materialized views, schema_version, the views of schemas.views",
 }
 SCHEMA_VERSION: Final = max(HISTORY)
 
@@ -47,8 +47,10 @@ class Plan:
         return self.found == SCHEMA_VERSION and not self.statements
 
 
-def plan(backend: Backend, retention_days: int = 400, rollup_days: tuple[int, int] | None = (400, 1825)) -> Plan:
-    """What ``backend``'s database needs to be at ``SCHEMA_VERSION`` with these retentions."""
+def plan(backend: Backend, retention_days: int = 400, rollup_days: tuple[int, int] | None = (400, 1825),
+         grid_ms: int = 1000) -> Plan:
+    """What ``backend``'s database needs to be at ``SCHEMA_VERSION`` with these retentions (and views that state
+    GPU-time at this grid)."""
     db, layout = backend.database, backend.layout
     # The name passed check_identifier, so it is safe as a literal (the two clients differ in parameter syntax).
     _, rows = backend.rows(f"SELECT name, create_table_query FROM system.tables WHERE database = '{db}'")
@@ -75,6 +77,12 @@ def plan(backend: Backend, retention_days: int = 400, rollup_days: tuple[int, in
         if "leak_episodes" not in have or (out.found or 0) < SCHEMA_VERSION:
             stmts.append(ddl.leak_episodes_view(db, LEAK_RULES))
         _plan_rollups(out, have, rollup_days)
+        rolled = rollup_days is not None or rollups.ROLLUPS[1].table in have
+        for name in views.VIEWS:
+            if name in views.ON_ROLLUPS and not rolled:
+                continue
+            if name not in have or not views.view_is_current(have[name], grid_ms):
+                stmts.append(views.create_view(db, name, grid_ms))
     return out
 
 
@@ -116,10 +124,10 @@ def apply(backend: Backend, p: Plan, now_ms: int | None = None) -> None:
 
 
 def ensure_schema(backend: Backend, retention_days: int = 400,
-                  rollup_days: tuple[int, int] | None = (400, 1825)) -> Plan:
+                  rollup_days: tuple[int, int] | None = (400, 1825), grid_ms: int = 1000) -> Plan:
     """Create or bring up to date flopwatch's tables (``rollup_days``: the 1 min and 1 h rollups' retention, or
     None: no rollups; their views are dropped, so inserts stop feeding them, and their rows stay)."""
-    p = plan(backend, retention_days, rollup_days)
+    p = plan(backend, retention_days, rollup_days, grid_ms)
     apply(backend, p)
     return p
 
