@@ -56,20 +56,24 @@ def _pareto(db: str, grid_ms: int, f: Frontier = Frontier()) -> str:
             "GROUP BY gpu_model, region, precision, usd_per_tflops_h, tflops")
 
 
+def _daily(db: str, grid_ms: int, columns: str, keys: str = "namespace, workload", having: str = "") -> str:
+    """Per day and workload from the hourly rollup, GPUs only."""
+    tail = f" HAVING {having}" if having else ""
+    return (f"SELECT toDate(ts) AS day, {keys}, {_grid(grid_ms)},\n  {columns}\n"
+            f"FROM {db}.gpu_rollup_1h WHERE gpu != 'host'\nGROUP BY day, {keys}{tail}")
+
+
 def _cost_by_workload(db: str, grid_ms: int) -> str:
-    return (f"SELECT toDate(ts) AS day, namespace, workload, workload_class, {_grid(grid_ms)},\n"
-            "  sum(frames) * grid_s / 3600 AS gpu_hours, sum(cost_usd_sum) AS usd,\n"
-            "  sum(energy_j_sum) / 3.6e6 AS kwh, sum(tflops_sum) * grid_s / 3600 AS tflops_hours,\n"
-            "  if(tflops_hours > 0, usd / tflops_hours, NULL) AS usd_per_tflops_h,\n"
-            "  avgMerge(flops_per_watt_avg) AS flops_per_watt, sum(idle_cost_usd) AS idle_usd\n"
-            f"FROM {db}.gpu_rollup_1h WHERE gpu != 'host'\nGROUP BY day, namespace, workload, workload_class")
+    return _daily(db, grid_ms, "sum(frames) * grid_s / 3600 AS gpu_hours, sum(cost_usd_sum) AS usd,\n"
+                  "  sum(energy_j_sum) / 3.6e6 AS kwh, sum(tflops_sum) * grid_s / 3600 AS tflops_hours,\n"
+                  "  if(tflops_hours > 0, usd / tflops_hours, NULL) AS usd_per_tflops_h,\n"
+                  "  avgMerge(flops_per_watt_avg) AS flops_per_watt, sum(idle_cost_usd) AS idle_usd",
+                  keys="namespace, workload, workload_class")
 
 
 def _cost_per_request(db: str, grid_ms: int) -> str:
-    return (f"SELECT toDate(ts) AS day, namespace, workload, {_grid(grid_ms)},\n"
-            "  sum(requests_sum) * grid_s AS requests, sum(cost_usd_sum) AS usd,\n"
-            "  if(requests > 0, usd / requests * 1000, NULL) AS usd_per_1k_requests\n"
-            f"FROM {db}.gpu_rollup_1h WHERE gpu != 'host'\nGROUP BY day, namespace, workload HAVING requests > 0")
+    return _daily(db, grid_ms, "sum(requests_sum) * grid_s AS requests, sum(cost_usd_sum) AS usd,\n"
+                  "  if(requests > 0, usd / requests * 1000, NULL) AS usd_per_1k_requests", having="requests > 0")
 
 
 def _util_distribution(db: str, grid_ms: int) -> str:
@@ -80,16 +84,14 @@ def _util_distribution(db: str, grid_ms: int) -> str:
 
 
 def _idle_cost(db: str, grid_ms: int) -> str:
-    return (f"SELECT toDate(ts) AS day, namespace, workload, {_grid(grid_ms)},\n"
-            "  sum(idle_frames) * grid_s / 3600 AS idle_gpu_hours, sum(idle_cost_usd) AS idle_usd\n"
-            f"FROM {db}.gpu_rollup_1h WHERE gpu != 'host'\nGROUP BY day, namespace, workload HAVING idle_gpu_hours > 0")
+    return _daily(db, grid_ms, "sum(idle_frames) * grid_s / 3600 AS idle_gpu_hours, sum(idle_cost_usd) AS idle_usd",
+                  having="idle_gpu_hours > 0")
 
 
 def _energy_by_workload(db: str, grid_ms: int) -> str:
-    return (f"SELECT toDate(ts) AS day, namespace, workload, {_grid(grid_ms)}, sum(energy_j_sum) / 3.6e6 AS kwh,\n"
-            "  avgMerge(power_avg) AS watts, max(power_max) AS watts_max,\n"
-            "  if(kwh > 0, sum(tflops_sum) * grid_s / 3600 / kwh, NULL) AS tflops_h_per_kwh\n"
-            f"FROM {db}.gpu_rollup_1h WHERE gpu != 'host'\nGROUP BY day, namespace, workload")
+    return _daily(db, grid_ms, "sum(energy_j_sum) / 3.6e6 AS kwh, avgMerge(power_avg) AS watts, "
+                  "max(power_max) AS watts_max,\n"
+                  "  if(kwh > 0, sum(tflops_sum) * grid_s / 3600 / kwh, NULL) AS tflops_h_per_kwh")
 
 
 def _alerts_by_workload(db: str, grid_ms: int) -> str:
