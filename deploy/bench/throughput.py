@@ -2,11 +2,12 @@
 beside a plain aiokafka consumer that only decodes the same messages, in the same run.
 
     python deploy/bench/throughput.py [--samples 2000000] [--single-messages 200000] [--profile]
-                                      [--case all|batched|single|clock|efficiency]
+                                      [--case all|batched|single|clock|efficiency|rollups]
 
 ``efficiency``: the spine alone (derive and the frames topic off) against the spine plus
 derive, frames on Kafka and the detectors run over those frames, alternating in each round; and
 the same full path with every detector and attribution against drift and spikes alone.
+``rollups``: the default worker with its ClickHouse rollups against the same without them.
 
 Needs a Kafka broker (FLOPWATCH_KAFKA_BOOTSTRAP, default 127.0.0.1:9092; deploy/kafka.sh start).
 Prints one JSON object with the figures; the README's performance section quotes them.
@@ -300,13 +301,37 @@ def efficiency_cost(base: Settings, samples: int, rounds: int) -> dict[str, Any]
             "with_leaks_per_round": [round(x, 3) for x in leak_ratios]}
 
 
+def rollups_cost(base: Settings, samples: int, rounds: int) -> dict[str, Any]:
+    """The default worker with its ClickHouse rollups (materialized views) against the same without them."""
+    tag = uuid.uuid4().hex[:6]
+    settings = base.replace(topic_prefix=f"br{tag}.", source_idle_s=0.5)
+    ensure_topics(settings)
+    took: dict[bool, list[float]] = {True: [], False: []}
+    try:
+        pub = publish(settings, samples, 100)
+        for r in range(rounds):
+            for on in (True, False) if r % 2 == 0 else (False, True):
+                with tempfile.TemporaryDirectory() as tmp:
+                    run = settings.replace(group_id=f"br{tag}-{r}-{on}", chdb_path=f"{tmp}/chdb", rollups=on)
+                    got = asyncio.run(full_path(run, pub["samples"], False))
+                assert got["samples"] == pub["samples"] and not got["rejects"], got
+                took[on].append(got["seconds"])
+    finally:
+        delete_topics(settings)
+    ratios = [off / on for on, off in zip(took[True], took[False], strict=True)]
+    return {"case": "rollups: the default worker with the 1 min and 1 h rollups vs without", "rounds": rounds,
+            "samples": pub["samples"], "with_samples_per_s": round(pub["samples"] / statistics.median(took[True])),
+            "without_samples_per_s": round(pub["samples"] / statistics.median(took[False])),
+            "with_over_without": round(statistics.median(ratios), 3), "per_round": [round(x, 3) for x in ratios]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samples", type=int, default=2_000_000, help="samples for the batched case (100 per message)")
     ap.add_argument("--single-messages", type=int, default=200_000, help="messages for the single-sample case")
     ap.add_argument("--rounds", type=int, default=5, help="alternating plain/full measurements per case")
     ap.add_argument("--profile", action="store_true", help="cProfile the first full-path round (stderr)")
-    ap.add_argument("--case", choices=["all", "batched", "single", "clock", "efficiency"], default="all",
+    ap.add_argument("--case", choices=["all", "batched", "single", "clock", "efficiency", "rollups"], default="all",
                     help="which cases to run")
     args = ap.parse_args()
     base = load_settings()
@@ -320,6 +345,8 @@ def main() -> None:
         results.append(clock_cost(base, args.samples, args.rounds, args.profile))
     if args.case in ("all", "efficiency"):
         results.append(efficiency_cost(base, args.samples, args.rounds))
+    if args.case in ("all", "rollups"):
+        results.append(rollups_cost(base, args.samples, args.rounds))
     print(json.dumps({"date": time.strftime("%Y-%m-%d"), "results": results}, indent=2))
 
 

@@ -6,11 +6,11 @@ import math
 
 import pytest
 
+from agents.ingest.simulated import ingest_simulation
 from agents.sinks.clickhouse import ChdbBackend
 from agents.sinks.schema import ensure_schema
 from schemas.rollups import ROLLUPS
 from streams.sim.simulate import SimParams
-from tests.sim_store import ingest_simulation
 
 DB = "fwroll"
 S = 1_000_000_000

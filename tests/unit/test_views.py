@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from agents.detect.agent import detection_columns
+from agents.ingest.simulated import ingest_simulation
 from agents.sinks.clickhouse import ChdbBackend
 from agents.sinks.schema import ensure_schema
 from schemas.alerts import make_alert
 from streams.sim.simulate import SimParams
-from tests.sim_store import ingest_simulation
 
 DB = "fwviews"
 S = 1_000_000_000
