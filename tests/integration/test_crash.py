@@ -18,6 +18,7 @@ from streams.sim.simulate import SimParams
 from tests.integration.helpers import (
     Worker,
     assert_frames_equal,
+    assert_rollups_match_frames,
     expected_frames,
     run_worker_until_idle,
     sample_total,
@@ -75,6 +76,7 @@ def test_sigkill_mid_run_loses_and_duplicates_nothing(any_settings: Settings, ru
     got, nrows = stored_frames(settings)
     assert nrows == len(got), f"{nrows - len(got)} duplicate rows in gpu_frames"
     assert_frames_equal(got, want)
+    assert_rollups_match_frames(settings)
 
 
 @pytest.mark.parametrize("run", range(3))
