@@ -13,8 +13,9 @@ that changed hands within a bucket has a row per holder):
   distributions ``<m>_q`` (``quantilesTDigestMerge(0.5, 0.9, 0.99)``: a t-digest keeps a bucket's
   state small, a few hundred bytes, at about 1% of rank error).
 
-Both views read ``gpu_frames`` itself (not one rollup from the other), so each is exact on its own.
-Sums, counts, averages and maxima read from a rollup equal the raw table's; the quantiles are
+The minute rollup's view reads each block inserted into ``gpu_frames``; the hourly one's reads each
+block the minute rollup receives (a 60th of the rows: the views' work per insert is what the worker
+pays). Sums, counts, averages and maxima read from either equal the raw table's; the quantiles are
 estimates. Written rows are never double counted: a retried block carries the same
 ``insert_deduplication_token`` and ``deduplicate_blocks_in_dependent_materialized_views`` drops it
 from the rollups as from ``gpu_frames`` (``INSERT_SETTINGS``).
@@ -94,6 +95,8 @@ def rollup_backfill(db: str, r: Rollup) -> str:
 
 def _select(db: str, r: Rollup) -> str:
     check_identifier(db)
+    if r is not ROLLUPS[0]:
+        return _from_minutes(db, r)
     idle = "idle = 1 AND pod != ''"  # a GPU nobody holds is free capacity, not a waste
     sel = [f"{r.bucket}(ts) AS ts", "node", "gpu", *KEY_LABELS, "count() AS frames",
            "sum(ifNull(energy_j, 0)) AS energy_j_sum", "sum(ifNull(cost_usd, 0)) AS cost_usd_sum",
@@ -105,6 +108,24 @@ def _select(db: str, r: Rollup) -> str:
             sel.append(f"quantilesTDigestState({_levels()})({m}) AS {m}_q")
     cols = ",\n  ".join(sel)
     return f"SELECT\n  {cols}\nFROM {db}.gpu_frames\nGROUP BY ts, node, gpu, {', '.join(KEY_LABELS)}"
+
+
+def _from_minutes(db: str, r: Rollup) -> str:
+    """A coarser rollup from the minute one (a 60th of the rows to aggregate per insert): sums of sums, maxima of
+    maxima, merged states; exact as from the frames, but for the t-digests, which merge approximately."""
+    keys = ", ".join(KEY_LABELS)
+    sums = ("frames", "energy_j_sum", "cost_usd_sum", "idle_frames", "idle_cost_usd", "tflops_sum", "requests_sum")
+    inner = ["ts AS t", "node", "gpu", *KEY_LABELS, *(f"{c} AS s_{c}" for c in sums)]
+    outer = [f"{r.bucket}(t) AS ts", "node", "gpu", *KEY_LABELS, *(f"sum(s_{c}) AS {c}" for c in sums)]
+    for m in MEASURES:
+        inner += [f"{m}_avg AS a_{m}", f"{m}_max AS x_{m}"]
+        outer += [f"avgMergeState(a_{m}) AS {m}_avg", f"max(x_{m}) AS {m}_max"]
+        if m in DISTRIBUTIONS:
+            inner.append(f"{m}_q AS q_{m}")
+            outer.append(f"quantilesTDigestMergeState({_levels()})(q_{m}) AS {m}_q")
+    # The source's columns renamed in a subquery: an alias equal to the column it aggregates would be circular.
+    return (f"SELECT\n  {', '.join(outer)}\nFROM (SELECT {', '.join(inner)} FROM {db}.{ROLLUPS[0].table})\n"
+            f"GROUP BY ts, node, gpu, {keys}")
 
 
 def rollup_ttl(db: str, r: Rollup, days: int) -> str:
