@@ -14,7 +14,8 @@ from schemas.alerts import make_alert
 from tests.unit.sim_db import A100, DB, H200, HOUR, S
 
 
-@pytest.fixture(scope="session")
+# Per module, closed after it: chDB serves one data path per process, and other modules open their own.
+@pytest.fixture(scope="module")
 def db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChdbBackend]:
     """Two simulated clusters (H200 in us-east, A100 in eu-west) through the ingest core into chDB, a drift
     episode, a leak and two scale decisions: what the SQL views, the cookbook and the dashboards are checked on."""
