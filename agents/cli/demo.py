@@ -211,8 +211,9 @@ def run_demo(settings: Settings, duration: float, nodes: int, gpus: int, root: P
         console.print(view.decision_table(params.start_ns))
         console.print(_summary(settings))
         console.print(_leak_summary(settings))
-        console.print(f"data: {Path(settings.chdb_path).resolve()}\ntry: flopwatch sql \"SELECT ts, node, gpu, "
-                      "tflops, flops_per_watt, cost_per_tflops FROM flopwatch.gpu_frames ORDER BY ts DESC LIMIT 5\"")
+        console.print(f"data: {Path(settings.chdb_path).resolve()}\ntry: flopwatch sql \"SELECT namespace, workload, "
+                      "gpu_hours, usd, usd_per_tflops_h, flops_per_watt FROM cost_by_workload\" (more views and "
+                      "queries: docs/sql.md)")
     finally:
         if started_kafka:
             subprocess.run([str(root / "deploy" / "kafka.sh"), "stop"], check=False, stdout=subprocess.DEVNULL)
