@@ -63,8 +63,11 @@ def show_command(ctx: click.Context) -> None:
         backend = open_backend(s)
         try:
             p = plan(backend, s.frames_retention_days, _rollup_days(ctx), s.grid_ms)
-            _, rows = backend.rows("SELECT name, engine, total_rows, create_table_query FROM system.tables "
+            _, rows = backend.rows("SELECT name, engine, create_table_query FROM system.tables "
                                    f"WHERE database = '{backend.database}' ORDER BY name")
+            # From the parts, not system.tables.total_rows: servers before 19 have no such column.
+            _, counts = backend.rows("SELECT table, sum(rows) FROM system.parts "
+                                     f"WHERE database = '{backend.database}' AND active GROUP BY table")
         finally:
             backend.close()
     except ClickHouseError as exc:
@@ -72,10 +75,11 @@ def show_command(ctx: click.Context) -> None:
     click.echo(f"database {s.clickhouse_database}: schema version {_said(p.found)}; this flopwatch: "
                f"{SCHEMA_VERSION} ({HISTORY[SCHEMA_VERSION]})")
     table = Table("table", "engine", "rows", "kept (days)")
-    for name, engine, total, query in rows:
+    held = {str(t): int(n) for t, n in counts}
+    for name, engine, query in rows:
         days = ddl.ttl_days_of(str(query)) or rollups.rollup_ttl_days(str(query))
-        table.add_row(str(name), str(engine), "" if total is None else f"{int(total):,}", "" if days is None
-                      else str(days))
+        total = held.get(str(name), 0) if "View" not in str(engine) else None
+        table.add_row(str(name), str(engine), "" if total is None else f"{total:,}", "" if days is None else str(days))
     Console(width=120).print(table)
     if p.found is not None and p.found > SCHEMA_VERSION:
         click.echo("newer than this flopwatch: a worker of this version refuses to start against it")

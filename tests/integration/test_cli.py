@@ -37,6 +37,12 @@ def test_sql_uses_the_configured_database_on_the_server(native_settings: Setting
     assert flopwatch(elsewhere, "sql", "SELECT 1", "--format", "csv").stdout.splitlines() == ["1", "1"]
     missing = flopwatch(elsewhere, "sql", "SELECT count() FROM gpu_frames")
     assert missing.returncode != 0 and "'fw_no_such_db' does not exist yet" in missing.stderr, missing.stderr[-2000:]
+    # The schema commands on the legacy server too: the worker migrated it, nothing is pending, rows counted.
+    show = flopwatch(native_settings, "schema", "show")
+    assert show.returncode == 0 and "up to date" in show.stdout, (show.stdout, show.stderr[-2000:])
+    assert f"{nrows:,}" in show.stdout and "schema_version" in show.stdout
+    dry = flopwatch(native_settings, "schema", "migrate", "--dry-run")
+    assert dry.returncode == 0 and "0 statement(s)" in dry.stdout, (dry.stdout, dry.stderr[-2000:])
 
 
 def test_sql_prints_table_json_and_csv_and_reports_errors_cleanly(base_settings: Settings) -> None:
