@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
 
+from schemas.rollups import RETENTION_DAYS as ROLLUP_RETENTION_DAYS
 from streams.align.aligner import AlignParams
 from streams.attribution.rank import AttributionParams
 from streams.decide.params import DecideParams, parse_decide_policy
@@ -131,9 +132,9 @@ class Settings:
     rollups: bool = True
     """Keep the 1 min and 1 h rollups of ``gpu_frames`` (materialized views; the current layout only);
     FLOPWATCH_ROLLUPS."""
-    rollup_1m_retention_days: int = 400
+    rollup_1m_retention_days: int = ROLLUP_RETENTION_DAYS[0]
     """How long ``gpu_rollup_1m`` keeps its rows; FLOPWATCH_ROLLUP_1M_RETENTION_DAYS."""
-    rollup_1h_retention_days: int = 1825
+    rollup_1h_retention_days: int = ROLLUP_RETENTION_DAYS[1]
     """How long ``gpu_rollup_1h`` keeps its rows (the warm and cold tiers outlive the raw frames);
     FLOPWATCH_ROLLUP_1H_RETENTION_DAYS."""
     max_future_s: float = 300.0
@@ -203,6 +204,10 @@ class Settings:
         if not self.leak_policy:
             return LeakParams()
         return _policy("leak_policy", self.leak_policy, parse_leak_policy)
+
+    def rollup_days(self) -> tuple[int, int] | None:
+        """The 1 min and 1 h rollups' retention in days, or None when the rollups are off."""
+        return (self.rollup_1m_retention_days, self.rollup_1h_retention_days) if self.rollups else None
 
     def align_params(self) -> AlignParams:
         return AlignParams(

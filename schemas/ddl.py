@@ -215,22 +215,23 @@ def frames_ttl(db: str, days: int) -> str:
 
 
 def ttl_days_of(create_table_query: str) -> int | None:
-    """The retention in days a ``SHOW CREATE TABLE`` of ``gpu_frames`` states, or None without a TTL.
+    """The retention in days a ``SHOW CREATE TABLE`` of ``gpu_frames`` or a rollup states, or None without a TTL.
 
     >>> ttl_days_of("... TTL toDateTime(ts) + toIntervalDay(400) SETTINGS ...")
     400
     >>> ttl_days_of("... TTL toDateTime(ts) + INTERVAL 30 DAY") , ttl_days_of("ENGINE = MergeTree")
     (30, None)
+    >>> ttl_days_of("... TTL ts + toIntervalDay(1825) SETTINGS ...")  # a rollup's (its ts is a DateTime)
+    1825
     """
-    m = re.search(r"TTL\s+toDateTime\(ts\)\s*\+\s*(?:toIntervalDay\((\d+)\)|INTERVAL\s+(\d+)\s+DAY)",
+    m = re.search(r"TTL\s+(?:toDateTime\(ts\)|ts)\s*\+\s*(?:toIntervalDay\((\d+)\)|INTERVAL\s+(\d+)\s+DAY)",
                   create_table_query)
     return None if m is None else int(m.group(1) or m.group(2))
 
 
 def schema_version(db: str, layout: Layout = "current") -> str:
     """Which versions of flopwatch's schema were applied to the database, and when (``agents.sinks.schema``)."""
-    check_identifier(db)
-    ts = "DateTime64(3, 'UTC')" if layout == "current" else "UInt64"
+    _, ts = _types(db, layout)
     return (f"CREATE TABLE IF NOT EXISTS {db}.schema_version (\n  version UInt32, applied_at {ts}, by String\n)\n"
             "ENGINE = ReplacingMergeTree\nORDER BY version")
 

@@ -30,7 +30,6 @@ ORDER BY (node, gpu, ts, namespace, workload, workload_class, gpu_model, region,
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Final
 
@@ -45,6 +44,7 @@ DISTRIBUTIONS: Final = ("gpu_util", "power", "flops_per_watt", "cost_per_tflops"
 LEVELS: Final = (0.5, 0.9, 0.99)
 # Settings every insert into gpu_frames carries: a retried block is dropped by the rollups' views too.
 INSERT_SETTINGS: Final = {"deduplicate_blocks_in_dependent_materialized_views": 1}
+RETENTION_DAYS: Final = (400, 1825)  # the 1 min and 1 h rollups' defaults (FLOPWATCH_ROLLUP_1M/1H_RETENTION_DAYS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +61,14 @@ def _levels() -> str:
     return ", ".join(str(q) for q in LEVELS)
 
 
+def _days(days: int) -> int:
+    if int(days) < 1:
+        raise ValueError(f"a rollup's retention must be at least 1 day, got {days}")
+    return int(days)
+
+
 def rollup_table(db: str, r: Rollup, retention_days: int) -> str:
     check_identifier(db)
-    if int(retention_days) < 1:
-        raise ValueError(f"a rollup's retention must be at least 1 day, got {retention_days}")
     lc = "LowCardinality(String)"
     cols = ["ts DateTime('UTC') CODEC(DoubleDelta, ZSTD(1))", f"node {lc}", f"gpu {lc}"]
     cols += [f"{k} {lc}" for k in KEY_LABELS]
@@ -80,7 +84,7 @@ def rollup_table(db: str, r: Rollup, retention_days: int) -> str:
     body = ",\n  ".join(cols)
     return (f"CREATE TABLE IF NOT EXISTS {db}.{r.table} (\n  {body}\n)\nENGINE = AggregatingMergeTree\n"
             f"PARTITION BY toYYYYMM(ts)\nORDER BY (node, gpu, ts, {', '.join(KEY_LABELS)})\n"
-            f"TTL ts + INTERVAL {int(retention_days)} DAY\nSETTINGS non_replicated_deduplication_window = 1000")
+            f"TTL ts + INTERVAL {_days(retention_days)} DAY\nSETTINGS non_replicated_deduplication_window = 1000")
 
 
 def rollup_view(db: str, r: Rollup) -> str:
@@ -130,17 +134,4 @@ def _from_minutes(db: str, r: Rollup) -> str:
 
 def rollup_ttl(db: str, r: Rollup, days: int) -> str:
     """What changes an existing rollup's retention."""
-    check_identifier(db)
-    if int(days) < 1:
-        raise ValueError(f"a rollup's retention must be at least 1 day, got {days}")
-    return f"ALTER TABLE {db}.{r.table} MODIFY TTL ts + INTERVAL {int(days)} DAY"
-
-
-def rollup_ttl_days(create_table_query: str) -> int | None:
-    """The retention a rollup's ``SHOW CREATE TABLE`` states.
-
-    >>> rollup_ttl_days("... TTL ts + toIntervalDay(1825) SETTINGS ..."), rollup_ttl_days("ENGINE = Memory")
-    (1825, None)
-    """
-    m = re.search(r"TTL\s+ts\s*\+\s*(?:toIntervalDay\((\d+)\)|INTERVAL\s+(\d+)\s+DAY)", create_table_query)
-    return None if m is None else int(m.group(1) or m.group(2))
+    return f"ALTER TABLE {check_identifier(db)}.{r.table} MODIFY TTL ts + INTERVAL {_days(days)} DAY"

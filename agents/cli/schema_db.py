@@ -7,11 +7,6 @@ import click
 from agents.runtime.entry import settings_of
 
 
-def _rollup_days(ctx: click.Context) -> tuple[int, int] | None:
-    s = settings_of(ctx)
-    return (s.rollup_1m_retention_days, s.rollup_1h_retention_days) if s.rollups else None
-
-
 @click.command("migrate")
 @click.option("--dry-run", is_flag=True, help="Print the statements that would run; change nothing.")
 @click.pass_context
@@ -21,16 +16,15 @@ def migrate_command(ctx: click.Context, dry_run: bool) -> None:
     Every statement is idempotent: running it again, or beside a starting worker, is harmless.
     """
     from agents.sinks.clickhouse import ClickHouseError, open_backend
-    from agents.sinks.schema import SCHEMA_VERSION, apply, plan
+    from agents.sinks.schema import SCHEMA_VERSION, apply, plan, refuse_newer
 
     s = settings_of(ctx)
     try:
         backend = open_backend(s)
         try:
-            p = plan(backend, s.frames_retention_days, _rollup_days(ctx), s.grid_ms)
+            p = plan(backend, s.frames_retention_days, s.rollup_days(), s.grid_ms)
             if dry_run:
-                if p.found is not None and p.found > SCHEMA_VERSION:
-                    apply(backend, p)  # refuses, with the message a worker would give
+                refuse_newer(p)  # with the message a worker would give
                 for note in p.notes:
                     click.echo(f"-- {note}")
                 for stmt in p.statements:
@@ -56,13 +50,13 @@ def show_command(ctx: click.Context) -> None:
 
     from agents.sinks.clickhouse import ClickHouseError, open_backend
     from agents.sinks.schema import HISTORY, SCHEMA_VERSION, plan
-    from schemas import ddl, rollups
+    from schemas import ddl
 
     s = settings_of(ctx)
     try:
         backend = open_backend(s)
         try:
-            p = plan(backend, s.frames_retention_days, _rollup_days(ctx), s.grid_ms)
+            p = plan(backend, s.frames_retention_days, s.rollup_days(), s.grid_ms)
             _, rows = backend.rows("SELECT name, engine, create_table_query FROM system.tables "
                                    f"WHERE database = '{backend.database}' ORDER BY name")
             # From the parts, not system.tables.total_rows: servers before 19 have no such column.
@@ -77,7 +71,7 @@ def show_command(ctx: click.Context) -> None:
     table = Table("table", "engine", "rows", "kept (days)")
     held = {str(t): int(n) for t, n in counts}
     for name, engine, query in rows:
-        days = ddl.ttl_days_of(str(query)) or rollups.rollup_ttl_days(str(query))
+        days = ddl.ttl_days_of(str(query))
         total = held.get(str(name), 0) if "View" not in str(engine) else None
         table.add_row(str(name), str(engine), "" if total is None else f"{total:,}", "" if days is None else str(days))
     Console(width=120).print(table)

@@ -134,9 +134,7 @@ class Ingestor:
         s = self.settings
         self._on_flush = on_flush
         backend = self._backend = await self._on_ch(self._backend_factory, s)
-        await self._on_ch(ensure_schema, backend, s.frames_retention_days,
-                          (s.rollup_1m_retention_days, s.rollup_1h_retention_days) if s.rollups else None,
-                          s.grid_ms)
+        await self._on_ch(ensure_schema, backend, s.frames_retention_days, s.rollup_days(), s.grid_ms)
         self._ch_ready.set()
         store = self._store = FrameStore(backend)
         self._dlq = DeadLetter(SampleProducer(s), self.topics.dlq)

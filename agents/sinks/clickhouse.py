@@ -109,7 +109,7 @@ class ChdbBackend:
         names = ", ".join(cols)
         # The token is ours (hex); with it, a retried block is dropped from the rollups' views too.
         settings = (f" SETTINGS insert_deduplication_token = '{ddl.check_token(token)}', "
-                    "deduplicate_blocks_in_dependent_materialized_views = 1") if token else ""
+                    + ", ".join(f"{k} = {v}" for k, v in rollups.INSERT_SETTINGS.items())) if token else ""
         # NaN in a float array becomes null, which is what a Nullable column wants.
         payload = orjson.dumps(cols, option=orjson.OPT_SERIALIZE_NUMPY).decode()
         self._query(f"INSERT INTO {self.database}.{ddl.check_identifier(table)} ({names}){settings} "

@@ -47,7 +47,7 @@ class Plan:
         return self.found == SCHEMA_VERSION and not self.statements
 
 
-def plan(backend: Backend, retention_days: int = 400, rollup_days: tuple[int, int] | None = (400, 1825),
+def plan(backend: Backend, retention_days: int = 400, rollup_days: tuple[int, int] | None = rollups.RETENTION_DAYS,
          grid_ms: int = 1000) -> Plan:
     """What ``backend``'s database needs to be at ``SCHEMA_VERSION`` with these retentions (and views that state
     GPU-time at this grid)."""
@@ -99,20 +99,25 @@ def _plan_rollups(out: Plan, have: dict[str, str], days: tuple[int, int] | None)
             out.statements.append(rollups.rollup_table(db, r, keep))
             if "gpu_frames" in have:  # the view sees new blocks only: what was written before goes in once
                 out.statements.append(rollups.rollup_backfill(db, r))
-        elif rollups.rollup_ttl_days(have[r.table]) != keep:
+        elif ddl.ttl_days_of(have[r.table]) != keep:
             out.notes.append(f"{r.table} keeps rows for {keep} days from now on")
             out.statements.append(rollups.rollup_ttl(db, r, keep))
         if view not in have:
             out.statements.append(rollups.rollup_view(db, r))
 
 
-def apply(backend: Backend, p: Plan, now_ms: int | None = None) -> None:
-    """Run ``p``'s statements and record ``SCHEMA_VERSION``; refuses a database newer than this flopwatch."""
+def refuse_newer(p: Plan) -> None:
+    """Raise ``SchemaTooNewError`` for a database a newer flopwatch migrated, with what to do about it."""
     if p.found is not None and p.found > SCHEMA_VERSION:
         raise SchemaTooNewError(
             f"database {p.database!r} is at schema version {p.found}, written by a newer flopwatch; this one knows "
             f"versions up to {SCHEMA_VERSION} ({HISTORY[SCHEMA_VERSION]}). Upgrade flopwatch, or point "
             "FLOPWATCH_CLICKHOUSE_DATABASE at another database")
+
+
+def apply(backend: Backend, p: Plan, now_ms: int | None = None) -> None:
+    """Run ``p``'s statements and record ``SCHEMA_VERSION``; refuses a database newer than this flopwatch."""
+    refuse_newer(p)
     for note in p.notes:
         log.warning("%s", note)
     for stmt in p.statements:
@@ -124,7 +129,7 @@ def apply(backend: Backend, p: Plan, now_ms: int | None = None) -> None:
 
 
 def ensure_schema(backend: Backend, retention_days: int = 400,
-                  rollup_days: tuple[int, int] | None = (400, 1825), grid_ms: int = 1000) -> Plan:
+                  rollup_days: tuple[int, int] | None = rollups.RETENTION_DAYS, grid_ms: int = 1000) -> Plan:
     """Create or bring up to date flopwatch's tables (``rollup_days``: the 1 min and 1 h rollups' retention, or
     None: no rollups; their views are dropped, so inserts stop feeding them, and their rows stay)."""
     p = plan(backend, retention_days, rollup_days, grid_ms)
