@@ -36,6 +36,8 @@ from agents.ingest.pricebook_file import PriceBookFile
 from agents.ingest.worker import Ingestor, IngestStats
 from agents.kafka.producer import SampleProducer
 from agents.kafka.topics import Topics
+from agents.livepage.routes import install_page
+from agents.livepage.state import LiveDecisions, LiveState
 from agents.metrics import AlertDelays, Metrics
 from agents.runtime.history import KafkaFrameHistory
 from agents.runtime.timebase import SYSTEM_CLOCK
@@ -123,9 +125,19 @@ def create_app(settings: Settings, on_flush: Callable[[IngestStats], None] | Non
     app.flopwatch_scale_view = view  # type: ignore[attr-defined]
     deciding = decide_runtime(settings, app, ingestor, view, metrics) if detect and settings.decide else None
     app.flopwatch_decide = deciding  # type: ignore[attr-defined]
+    live = LiveState() if settings.web_enabled else None  # the /live page's view of this worker
+    app.flopwatch_live = live  # type: ignore[attr-defined]
+    if live is not None:
+        if runtime is not None:
+            runtime.on_frame = live.on_frame
+            runtime.sinks.append(live)
+        if deciding is not None:
+            deciding.sinks.append(LiveDecisions(live))
 
     def flushed(st: IngestStats) -> None:
         metrics.observe_ingest(st)
+        if live is not None:
+            live.on_flush(st.samples, st.lag, st.frames_written, sum(st.rejects.values()), time.monotonic())
         if runtime is not None:  # one progress line for the whole worker
             d = runtime.stats
             metrics.observe_detect(d)
@@ -156,8 +168,9 @@ def create_app(settings: Settings, on_flush: Callable[[IngestStats], None] | Non
             app.service(_BoundEvents)
     if deciding is not None:
         install_decide(app, deciding, app.flopwatch_topics[names.workloads])  # type: ignore[attr-defined]
-    if settings.web_enabled:
+    if live is not None:  # the web server is on
         install_web(app, metrics, view)  # routes are fixed once the server runs
+        install_page(app, live, ingestor.on_clickhouse, settings.grid_ms)
     return app
 
 

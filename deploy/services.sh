@@ -26,6 +26,7 @@ case "${1:-}" in
     "$here/alertmanager.sh" install >&2
     alertmanager_url="$("$here/alertmanager.sh" start)"
     "$here/prometheus.sh" install >&2
+    "$here/chromium.sh" install >&2  # a browser, not a service: nothing to start or stop
     prometheus_url="$("$here/prometheus.sh" start)"
     prometheus_targets="$("$here/prometheus.sh" targets)"
     # printf %q: values survive eval even with spaces or quotes in them.

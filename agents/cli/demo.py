@@ -24,6 +24,7 @@ from agents.collect.scenario_file import load_scenario
 from agents.collect.simulator import PublishStats, SimulatorPublisher
 from agents.ingest.worker import Ingestor, IngestStats
 from agents.kafka.admin import ensure_topics
+from agents.livepage.routes import page_url
 from agents.settings import Settings
 from agents.sinks.clickhouse import open_backend
 from schemas.alerts import Alert
@@ -191,13 +192,23 @@ def run_demo(settings: Settings, duration: float, nodes: int, gpus: int, root: P
         ingestor: Ingestor = app.flopwatch_ingestor  # type: ignore[attr-defined]
         view = LiveView()
         runtime = app.flopwatch_detect  # type: ignore[attr-defined]
-        runtime.on_frame = view.on_frame
+        page_frame = runtime.on_frame  # the /live page's, when the web server is on
+
+        def on_frame(m: FrameMessage) -> None:
+            view.on_frame(m)
+            if page_frame is not None:
+                page_frame(m)
+
+        runtime.on_frame = on_frame
+        url = page_url(settings.web_bind, settings.web_port) if settings.web_enabled else None
+        if url is not None:
+            console.print(f"[bold]live page:[/bold] {url}  (open it in a browser; it updates every second)")
         runtime.sinks.append(view)
         deciding = app.flopwatch_decide  # type: ignore[attr-defined]
         if deciding is not None:
             deciding.sinks.append(DecisionFeed(view))
         try:
-            asyncio.run(_run(app, ingestor, view, pub, producer, stop_pub, duration, params.start_ns))
+            asyncio.run(_run(app, ingestor, view, pub, producer, stop_pub, duration, params.start_ns, url))
             producer.join(10)
         finally:
             # Every Kafka client closes before the broker stops: one left open logs "Connection refused"
@@ -220,7 +231,8 @@ def run_demo(settings: Settings, duration: float, nodes: int, gpus: int, root: P
 
 
 async def _run(app: faust.App, ingestor: Ingestor, view: LiveView, pub: SimulatorPublisher,
-               producer: threading.Thread, stop_pub: threading.Event, duration: float, t0_ns: int) -> None:
+               producer: threading.Thread, stop_pub: threading.Event, duration: float, t0_ns: int,
+               url: str | None) -> None:
     await app.start()  # the Faust app in this process: the ingest service and the detection agent
     t0 = time.monotonic()
     producer.start()
@@ -229,8 +241,8 @@ async def _run(app: faust.App, ingestor: Ingestor, view: LiveView, pub: Simulato
             while True:
                 await asyncio.sleep(0.25)
                 st = ingestor.stats
-                live.update(Group(_progress(pub.stats, st, time.monotonic() - t0, duration), view.gpus(t0_ns),
-                                  view.alert_table(t0_ns), view.decision_table(t0_ns)))
+                live.update(Group(f"live page: {url}" if url else "", _progress(pub.stats, st, time.monotonic() - t0,
+                                  duration), view.gpus(t0_ns), view.alert_table(t0_ns), view.decision_table(t0_ns)))
                 drained = st.samples >= pub.stats.samples and st.lag == 0 and st.open_cells == 0
                 if not producer.is_alive() and drained:
                     await asyncio.sleep(2.0)  # the agent reads the last frames

@@ -90,7 +90,10 @@ def worker(ctx: click.Context, progress: str, exit_when_idle: float | None, runt
         import faust
 
         from agents.app import create_app
+        from agents.livepage.routes import page_url
 
+        if settings.web_enabled:
+            log.info("live page: %s  (metrics: /metrics, KEDA: /keda)", page_url(settings.web_bind, settings.web_port))
         faust.Worker(create_app(settings, report), loglevel="INFO").execute_from_commandline()
         return
     ingestor = Ingestor(settings)

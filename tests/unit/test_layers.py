@@ -193,6 +193,7 @@ ROOMS: dict[str, set[str]] = {
     "agents.ingest": {"agents.settings", "agents.kafka", "agents.runtime", "agents.sinks"},
     "agents.detect": {"agents.settings", "agents.kafka", "agents.runtime", "agents.sinks"},
     "agents.decide": {"agents.settings", "agents.kafka", "agents.runtime", "agents.sinks"},
+    "agents.livepage": {"agents.sinks"},
 }
 AGENTS_TOP = {"agents.app", "agents.settings", "agents.metrics", "agents.web"}
 
