@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import tomllib
 import typing
 from collections.abc import Callable, Mapping
@@ -114,6 +115,13 @@ class Settings:
     """Database holding flopwatch's tables; FLOPWATCH_CLICKHOUSE_DATABASE."""
     clickhouse_layout: Literal["current", "legacy"] = "current"
     """``legacy`` writes the simplified layout old servers (18.x) accept; FLOPWATCH_CLICKHOUSE_LAYOUT."""
+    clickhouse_cluster: str = ""
+    """A cluster of the server's ``remote_servers``: tables become ReplicatedMergeTree ``<name>_local`` plus a
+    Distributed ``<name>``, made ON CLUSTER (native backend only); empty: one server;
+    FLOPWATCH_CLICKHOUSE_CLUSTER."""
+    clickhouse_alt_hosts: str = ""
+    """Other servers of the cluster, ``host:port,host:port``, tried in turn when the first cannot be reached;
+    FLOPWATCH_CLICKHOUSE_ALT_HOSTS."""
 
     grid_ms: int = _ALIGN.grid_ns // 1_000_000
     """Grid step, 100 ms to 60 s; FLOPWATCH_GRID_MS."""
@@ -329,7 +337,24 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path 
     for name in _POSITIVE:
         if getattr(settings, name) <= 0:
             raise SettingsError(f"{name}={getattr(settings, name)!r}: must be > 0")
+    _check_cluster(settings)
     return settings
+
+
+_ALT_HOST = re.compile(r"[A-Za-z0-9.\-]+:[0-9]{1,5}|\[[0-9A-Fa-f:.]+\]:[0-9]{1,5}")
+
+
+def _check_cluster(s: Settings) -> None:
+    if s.clickhouse_cluster:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", s.clickhouse_cluster):
+            raise SettingsError(f"FLOPWATCH_CLICKHOUSE_CLUSTER={s.clickhouse_cluster!r}: not a cluster name "
+                                "(letters, digits and _, as in the server's remote_servers)")
+        if s.clickhouse_backend != "native":
+            raise SettingsError("FLOPWATCH_CLICKHOUSE_CLUSTER needs FLOPWATCH_CLICKHOUSE_BACKEND=native "
+                                "(the embedded chDB is one process, not a cluster)")
+    for alt in filter(None, (a.strip() for a in s.clickhouse_alt_hosts.split(","))):
+        if not _ALT_HOST.fullmatch(alt):
+            raise SettingsError(f"FLOPWATCH_CLICKHOUSE_ALT_HOSTS: {alt!r} is not host:port")
 
 
 # Settings that were replaced, and by what: a silently ignored setting would be worse than an error.

@@ -16,6 +16,9 @@
 #   FLOPWATCH_CLICKHOUSE_TEST_PASSWORD   password of user `flopwatch`,
 #                                        default "flopwatch-test"
 #   FLOPWATCH_CLICKHOUSE_START_TIMEOUT   default 60 (s)
+#   FLOPWATCH_CLICKHOUSE_INSTANCE        state directory's name under the state dir, default
+#                                        "clickhouse"; deploy/clickhouse-cluster.sh runs one per
+#                                        node, with its cluster settings in <state>/config.d/
 #
 # Users: `default` (no password, 127.0.0.1/::1 only) and `flopwatch` (password
 # above, stored as SHA-256) so that the sink's password authentication is
@@ -76,7 +79,9 @@ set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 state_root="${FLOPWATCH_STATE_DIR:-$repo_root/.flopwatch}"
-state="$state_root/clickhouse"
+instance="${FLOPWATCH_CLICKHOUSE_INSTANCE:-clickhouse}"
+[[ "$instance" =~ ^[A-Za-z0-9_-]+$ ]] || { echo "clickhouse: FLOPWATCH_CLICKHOUSE_INSTANCE=$instance: letters, digits, - and _ only" >&2; exit 2; }
+state="$state_root/$instance"
 port="${FLOPWATCH_CLICKHOUSE_PORT:-9000}"
 http_port="${FLOPWATCH_CLICKHOUSE_HTTP_PORT:-8123}"
 password="${FLOPWATCH_CLICKHOUSE_TEST_PASSWORD:-flopwatch-test}"
@@ -171,7 +176,7 @@ write_config() {
     <!-- Deterministic DateTime rendering in tests, whatever the host's TZ. -->
     <timezone>UTC</timezone>
     <mlock_executable>false</mlock_executable>
-    <!-- No ZooKeeper: there are no Replicated tables on this test server. -->
+    <!-- ZooKeeper, macros and remote_servers of a cluster node come from config.d/ (clickhouse-cluster.sh). -->
 </yandex>
 EOF
 

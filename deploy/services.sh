@@ -27,6 +27,7 @@ case "${1:-}" in
     alertmanager_url="$("$here/alertmanager.sh" start)"
     "$here/prometheus.sh" install >&2
     "$here/chromium.sh" install >&2  # a browser, not a service: nothing to start or stop
+    "$here/zookeeper.sh" install >&2  # for the two-node cluster test, which starts and stops it itself
     prometheus_url="$("$here/prometheus.sh" start)"
     prometheus_targets="$("$here/prometheus.sh" targets)"
     # printf %q: values survive eval even with spaces or quotes in them.

@@ -22,7 +22,7 @@ def migrate_command(ctx: click.Context, dry_run: bool) -> None:
     try:
         backend = open_backend(s)
         try:
-            p = plan(backend, s.frames_retention_days, s.rollup_days(), s.grid_ms)
+            p = plan(backend, s.frames_retention_days, s.rollup_days(), s.grid_ms, s.clickhouse_cluster or None)
             if dry_run:
                 refuse_newer(p)  # with the message a worker would give
                 for note in p.notes:
@@ -56,7 +56,7 @@ def show_command(ctx: click.Context) -> None:
     try:
         backend = open_backend(s)
         try:
-            p = plan(backend, s.frames_retention_days, s.rollup_days(), s.grid_ms)
+            p = plan(backend, s.frames_retention_days, s.rollup_days(), s.grid_ms, s.clickhouse_cluster or None)
             _, rows = backend.rows("SELECT name, engine, create_table_query FROM system.tables "
                                    f"WHERE database = '{backend.database}' ORDER BY name")
             # From the parts, not system.tables.total_rows: servers before 19 have no such column.

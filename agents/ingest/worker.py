@@ -134,7 +134,8 @@ class Ingestor:
         s = self.settings
         self._on_flush = on_flush
         backend = self._backend = await self._on_ch(self._backend_factory, s)
-        await self._on_ch(ensure_schema, backend, s.frames_retention_days, s.rollup_days(), s.grid_ms)
+        await self._on_ch(ensure_schema, backend, s.frames_retention_days, s.rollup_days(), s.grid_ms,
+                          s.clickhouse_cluster or None)
         self._ch_ready.set()
         store = self._store = FrameStore(backend)
         self._dlq = DeadLetter(SampleProducer(s), self.topics.dlq)

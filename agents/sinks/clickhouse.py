@@ -135,9 +135,16 @@ class NativeBackend:
                                   "send_receive_timeout": 60, "client_name": "flopwatch"}
         if settings.clickhouse_ca_certs:
             kwargs["ca_certs"] = settings.clickhouse_ca_certs
+        alt = ",".join(a.strip() for a in settings.clickhouse_alt_hosts.split(",") if a.strip())
+        if alt:  # the driver tries them in turn when it (re)connects: a lost server is a reconnect away
+            kwargs["alt_hosts"] = alt
+        if settings.clickhouse_cluster:
+            # A write through a Distributed table returns once a replica of each shard has it, not once it is
+            # queued on the node we talk to: the offsets are committed only after that.
+            kwargs["settings"] = {"insert_distributed_sync": 1}
         self._kwargs = kwargs
         self._client = Client(**kwargs)
-        self._where = f"{settings.clickhouse_host}:{settings.clickhouse_port}"
+        self._where = f"{settings.clickhouse_host}:{settings.clickhouse_port}" + (f" (or {alt})" if alt else "")
 
     def _run(self, what: str, fn: Any) -> Any:
         from clickhouse_driver.errors import Error, NetworkError, ServerException

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from agents.sinks.clickhouse import Backend, ClickHouseError
+from schemas import cluster as cluster_ddl
 from schemas import ddl, rollups, views
 from schemas.alerts import LEAK_RULES
 
@@ -48,9 +49,9 @@ class Plan:
 
 
 def plan(backend: Backend, retention_days: int = 400, rollup_days: tuple[int, int] | None = rollups.RETENTION_DAYS,
-         grid_ms: int = 1000) -> Plan:
+         grid_ms: int = 1000, cluster: str | None = None) -> Plan:
     """What ``backend``'s database needs to be at ``SCHEMA_VERSION`` with these retentions (and views that state
-    GPU-time at this grid)."""
+    GPU-time at this grid). ``cluster``: the tables of ``schemas.cluster`` on that cluster, made ON CLUSTER."""
     db, layout = backend.database, backend.layout
     # The name passed check_identifier, so it is safe as a literal (the two clients differ in parameter syntax).
     _, rows = backend.rows(f"SELECT name, create_table_query FROM system.tables WHERE database = '{db}'")
@@ -59,21 +60,34 @@ def plan(backend: Backend, retention_days: int = 400, rollup_days: tuple[int, in
     if out.found is not None and out.found > SCHEMA_VERSION:
         return out
     stmts = out.statements
+
+    def alter(stmts_: list[str]) -> list[str]:
+        return [a for stmt in stmts_ for a in cluster_ddl.clustered_alter(stmt, cluster)] if cluster else stmts_
+
+    def base(name: str) -> str:  # the table holding the rows (and the TTL): the replicated one on a cluster
+        return cluster_ddl.local_name(name) if cluster else name
+
     if not have:
-        stmts.append(f"CREATE DATABASE IF NOT EXISTS {db}")
-    stmts += [sql for name, sql in ddl.tables(db, layout, retention_days).items() if name not in have]
-    if layout == "current" and "gpu_frames" in have:  # the legacy layout has no TTL
-        had = ddl.ttl_days_of(have["gpu_frames"])
+        stmts.append(f"CREATE DATABASE IF NOT EXISTS {db}" + (f" ON CLUSTER {ddl.check_identifier(cluster)}"
+                                                                if cluster else ""))
+    for name, sql in ddl.tables(db, layout, retention_days).items():
+        if name not in have or base(name) not in have:
+            stmts += cluster_ddl.clustered(sql, cluster) if cluster else [sql]
+    if layout == "current" and base("gpu_frames") in have:  # the legacy layout has no TTL
+        had = ddl.ttl_days_of(have[base("gpu_frames")])
         if had != retention_days:
             out.notes.append(f"gpu_frames keeps frames for {retention_days} days from now on (it kept them for "
                              + ("ever" if had is None else f"{had} days") + ")")
-            stmts.append(ddl.frames_ttl(db, retention_days))
+            stmts += alter([ddl.frames_ttl(db, retention_days)])
     # A table made by an older flopwatch lacks the newer columns (CREATE ... IF NOT EXISTS leaves it as it is).
-    if "gpu_frames" in have:
-        stmts += ddl.gpu_frames_migrations(db, _columns(backend, "gpu_frames"), layout)
-    if "detections" in have:
-        stmts += ddl.detections_migrations(db, _columns(backend, "detections"))
-    if layout == "current":  # the legacy server reads the ledger through `flopwatch leaks` only, and has no rollups
+    if base("gpu_frames") in have:
+        stmts += alter(ddl.gpu_frames_migrations(db, _columns(backend, base("gpu_frames")), layout))
+    if base("detections") in have:
+        stmts += alter(ddl.detections_migrations(db, _columns(backend, base("detections"))))
+    if layout == "current" and cluster:
+        out.notes.append(f"cluster {cluster}: the rollups and the SQL views are made on one server only, not yet "
+                         "on a cluster (docs/storage.md)")
+    elif layout == "current":  # the legacy server reads the ledger through `flopwatch leaks` only, and has no rollups
         if "leak_episodes" not in have or (out.found or 0) < SCHEMA_VERSION:
             stmts.append(ddl.leak_episodes_view(db, LEAK_RULES))
         _plan_rollups(out, have, rollup_days)
@@ -129,10 +143,12 @@ def apply(backend: Backend, p: Plan, now_ms: int | None = None) -> None:
 
 
 def ensure_schema(backend: Backend, retention_days: int = 400,
-                  rollup_days: tuple[int, int] | None = rollups.RETENTION_DAYS, grid_ms: int = 1000) -> Plan:
+                  rollup_days: tuple[int, int] | None = rollups.RETENTION_DAYS, grid_ms: int = 1000,
+                  cluster: str | None = None) -> Plan:
     """Create or bring up to date flopwatch's tables (``rollup_days``: the 1 min and 1 h rollups' retention, or
-    None: no rollups; their views are dropped, so inserts stop feeding them, and their rows stay)."""
-    p = plan(backend, retention_days, rollup_days, grid_ms)
+    None: no rollups; their views are dropped, so inserts stop feeding them, and their rows stay; ``cluster``:
+    replicated and Distributed tables on that cluster)."""
+    p = plan(backend, retention_days, rollup_days, grid_ms, cluster)
     apply(backend, p)
     return p
 
