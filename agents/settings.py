@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
 
 from schemas.rollups import RETENTION_DAYS as ROLLUP_RETENTION_DAYS
+from schemas.tiers import Tiering
 from streams.align.aligner import AlignParams
 from streams.attribution.rank import AttributionParams
 from streams.decide.params import DecideParams, parse_decide_policy
@@ -145,6 +146,16 @@ class Settings:
     rollup_1h_retention_days: int = ROLLUP_RETENTION_DAYS[1]
     """How long ``gpu_rollup_1h`` keeps its rows (the warm and cold tiers outlive the raw frames);
     FLOPWATCH_ROLLUP_1H_RETENTION_DAYS."""
+    storage_policy: str = ""
+    """A storage policy of the server for the frames and rollups (empty: the server's default);
+    FLOPWATCH_STORAGE_POLICY."""
+    hot_days: int = 7
+    """With a storage policy: parts older than this move to its cold volume; FLOPWATCH_HOT_DAYS."""
+    cold_volume: str = "cold"
+    """With a storage policy: the volume old parts move to; FLOPWATCH_COLD_VOLUME."""
+    chdb_config: str = ""
+    """A ClickHouse configuration file for the embedded chDB (its disks and storage policies);
+    FLOPWATCH_CHDB_CONFIG."""
     max_future_s: float = 300.0
     """UTC samples further ahead than this are rejected ``too_new``; FLOPWATCH_MAX_FUTURE_S."""
     clock_wait_s: float = 10.0
@@ -216,6 +227,12 @@ class Settings:
     def rollup_days(self) -> tuple[int, int] | None:
         """The 1 min and 1 h rollups' retention in days, or None when the rollups are off."""
         return (self.rollup_1m_retention_days, self.rollup_1h_retention_days) if self.rollups else None
+
+    def tiering(self) -> Tiering | None:
+        """The frames' and rollups' hot and cold tiers, or None without a storage policy."""
+        if not self.storage_policy:
+            return None
+        return Tiering(self.storage_policy, self.hot_days, self.cold_volume)
 
     def align_params(self) -> AlignParams:
         return AlignParams(
@@ -338,7 +355,22 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path 
         if getattr(settings, name) <= 0:
             raise SettingsError(f"{name}={getattr(settings, name)!r}: must be > 0")
     _check_cluster(settings)
+    _check_tiers(settings)
     return settings
+
+
+def _check_tiers(s: Settings) -> None:
+    try:
+        t = s.tiering()
+        if t is None:
+            return
+        if s.clickhouse_layout == "legacy":
+            raise ValueError("the legacy layout (ClickHouse 18.16) has no TTL moves")
+        t.check(s.frames_retention_days, "gpu_frames")
+        for table, days in zip(("gpu_rollup_1m", "gpu_rollup_1h"), s.rollup_days() or (), strict=False):
+            t.check(days, table)
+    except ValueError as exc:
+        raise SettingsError(f"FLOPWATCH_STORAGE_POLICY: {exc}") from None
 
 
 _ALT_HOST = re.compile(r"[A-Za-z0-9.\-]+:[0-9]{1,5}|\[[0-9A-Fa-f:.]+\]:[0-9]{1,5}")
@@ -365,7 +397,7 @@ _RETIRED = {
 
 _POSITIVE = ("partitions", "replication", "flush_interval_ms", "flush_rows", "max_poll_records", "grid_ms",
              "source_idle_s", "max_age_s", "max_future_s", "clickhouse_port", "clock_wait_s", "frames_retention_days",
-             "rollup_1m_retention_days", "rollup_1h_retention_days")
+             "rollup_1m_retention_days", "rollup_1h_retention_days", "hot_days")
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

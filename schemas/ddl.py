@@ -14,6 +14,7 @@ from typing import Final, Literal
 
 from schemas import frames
 from schemas.frames import LABEL_COLS
+from schemas.tiers import Tiering, ttl_clause
 
 Layout = Literal["current", "legacy"]
 _IDENT: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -55,7 +56,7 @@ def _label_type(col: str, layout: Layout) -> str:
     return "LowCardinality(String)" if layout == "current" and col != "pod" else "String"
 
 
-def gpu_frames(db: str, layout: Layout = "current", ttl_days: int = 400) -> str:
+def gpu_frames(db: str, layout: Layout = "current", ttl_days: int = 400, tiering: Tiering | None = None) -> str:
     check_identifier(db)
     cur = layout == "current"
     lc = "LowCardinality(String)" if cur else "String"
@@ -71,9 +72,9 @@ def gpu_frames(db: str, layout: Layout = "current", ttl_days: int = 400) -> str:
     body = ",\n  ".join(cols)
     if cur:
         tail = (f"ENGINE = ReplacingMergeTree\nPARTITION BY toYYYYMMDD(ts)\nORDER BY (node, gpu, ts)\n"
-                f"TTL toDateTime(ts) + INTERVAL {int(ttl_days)} DAY\n"
+                f"TTL {ttl_clause('toDateTime(ts)', ttl_days, tiering)}\n"
                 # Lets a retried insert with the same token be dropped by the server.
-                "SETTINGS non_replicated_deduplication_window = 1000")
+                "SETTINGS non_replicated_deduplication_window = 1000" + _policy(tiering))
     else:
         tail = "ENGINE = ReplacingMergeTree\nPARTITION BY intDiv(ts, 86400000)\nORDER BY (node, gpu, ts)"
     return f"CREATE TABLE IF NOT EXISTS {db}.gpu_frames (\n  {body}\n)\n{tail}"
@@ -202,8 +203,8 @@ def node_progress(db: str, layout: Layout = "current") -> str:
             f" written_at {ts}\n)\nENGINE = ReplacingMergeTree\nORDER BY (node, closed_tick_ms)")
 
 
-def frames_ttl(db: str, days: int) -> str:
-    """What changes an existing ``gpu_frames`` table's retention to ``days``.
+def frames_ttl(db: str, days: int, tiering: Tiering | None = None) -> str:
+    """What changes an existing ``gpu_frames`` table's retention to ``days`` (and its move to a cold volume).
 
     >>> frames_ttl("fw", 30)
     'ALTER TABLE fw.gpu_frames MODIFY TTL toDateTime(ts) + INTERVAL 30 DAY'
@@ -211,7 +212,21 @@ def frames_ttl(db: str, days: int) -> str:
     check_identifier(db)
     if int(days) < 1:
         raise ValueError(f"the frames' retention must be at least 1 day, got {days}")
-    return f"ALTER TABLE {db}.gpu_frames MODIFY TTL toDateTime(ts) + INTERVAL {int(days)} DAY"
+    return f"ALTER TABLE {db}.gpu_frames MODIFY TTL {ttl_clause('toDateTime(ts)', days, tiering)}"
+
+
+def _policy(tiering: Tiering | None) -> str:
+    return "" if tiering is None else f", storage_policy = '{tiering.policy}'"
+
+
+def storage_policy(db: str, table: str, tiering: Tiering) -> str:
+    """What puts an existing table on the tiering's storage policy (the server refuses a policy that lacks a volume
+    of the table's present one: keep the default policy's volume, ``default`` on disk ``default``, as the hot one).
+
+    >>> storage_policy("fw", "gpu_frames", Tiering("tiered"))
+    "ALTER TABLE fw.gpu_frames MODIFY SETTING storage_policy = 'tiered'"
+    """
+    return f"ALTER TABLE {check_identifier(db)}.{check_identifier(table)} MODIFY SETTING{_policy(tiering)[1:]}"
 
 
 def ttl_days_of(create_table_query: str) -> int | None:
@@ -223,10 +238,18 @@ def ttl_days_of(create_table_query: str) -> int | None:
     (30, None)
     >>> ttl_days_of("... TTL ts + toIntervalDay(1825) SETTINGS ...")  # a rollup's (its ts is a DateTime)
     1825
+    >>> ttl_days_of("TTL ts + toIntervalDay(7) TO VOLUME 'cold', ts + toIntervalDay(90) SETTINGS x = 1")
+    90
     """
-    m = re.search(r"TTL\s+(?:toDateTime\(ts\)|ts)\s*\+\s*(?:toIntervalDay\((\d+)\)|INTERVAL\s+(\d+)\s+DAY)",
-                  create_table_query)
-    return None if m is None else int(m.group(1) or m.group(2))
+    ttl = re.search(r"\bTTL\s+(.*?)(?:\s+SETTINGS\b|$)", create_table_query, re.S)
+    if ttl is None:
+        return None
+    # The rule that deletes: the one not followed by TO VOLUME / TO DISK.
+    for m in re.finditer(r"(?:toDateTime\(ts\)|ts)\s*\+\s*(?:toIntervalDay\((\d+)\)|INTERVAL\s+(\d+)\s+DAY)"
+                         r"(\s+TO\s+(?:VOLUME|DISK))?", ttl.group(1)):
+        if m.group(3) is None:
+            return int(m.group(1) or m.group(2))
+    return None
 
 
 def schema_version(db: str, layout: Layout = "current") -> str:
@@ -236,9 +259,10 @@ def schema_version(db: str, layout: Layout = "current") -> str:
             "ENGINE = ReplacingMergeTree\nORDER BY version")
 
 
-def tables(db: str, layout: Layout = "current", retention_days: int = 400) -> dict[str, str]:
+def tables(db: str, layout: Layout = "current", retention_days: int = 400,
+           tiering: Tiering | None = None) -> dict[str, str]:
     """Each base table's name and what creates it, in the order to create them."""
-    return {"gpu_frames": gpu_frames(db, layout, retention_days), "k8s_events": k8s_events(db, layout),
+    return {"gpu_frames": gpu_frames(db, layout, retention_days, tiering), "k8s_events": k8s_events(db, layout),
             "ingest_progress": ingest_progress(db, layout), "node_progress": node_progress(db, layout),
             "detections": detections(db, layout), "scale_decisions": scale_decisions(db, layout),
             "schema_version": schema_version(db, layout)}

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from schemas.ddl import check_identifier
+from schemas.tiers import Tiering, ttl_clause
 
 # The labels a rollup row is kept per: what people group cost and efficiency by (pod is left out: its
 # cardinality would make the rollups as large as the raw table for short-lived pods).
@@ -67,7 +68,7 @@ def _days(days: int) -> int:
     return int(days)
 
 
-def rollup_table(db: str, r: Rollup, retention_days: int) -> str:
+def rollup_table(db: str, r: Rollup, retention_days: int, tiering: Tiering | None = None) -> str:
     check_identifier(db)
     lc = "LowCardinality(String)"
     cols = ["ts DateTime('UTC') CODEC(DoubleDelta, ZSTD(1))", f"node {lc}", f"gpu {lc}"]
@@ -84,7 +85,9 @@ def rollup_table(db: str, r: Rollup, retention_days: int) -> str:
     body = ",\n  ".join(cols)
     return (f"CREATE TABLE IF NOT EXISTS {db}.{r.table} (\n  {body}\n)\nENGINE = AggregatingMergeTree\n"
             f"PARTITION BY toYYYYMM(ts)\nORDER BY (node, gpu, ts, {', '.join(KEY_LABELS)})\n"
-            f"TTL ts + INTERVAL {_days(retention_days)} DAY\nSETTINGS non_replicated_deduplication_window = 1000")
+            f"TTL {ttl_clause('ts', _days(retention_days), tiering)}\n"
+            "SETTINGS non_replicated_deduplication_window = 1000"
+            + ("" if tiering is None else f", storage_policy = '{tiering.policy}'"))
 
 
 def rollup_view(db: str, r: Rollup) -> str:
@@ -132,6 +135,6 @@ def _from_minutes(db: str, r: Rollup) -> str:
             f"GROUP BY ts, node, gpu, {keys}")
 
 
-def rollup_ttl(db: str, r: Rollup, days: int) -> str:
-    """What changes an existing rollup's retention."""
-    return f"ALTER TABLE {check_identifier(db)}.{r.table} MODIFY TTL ts + INTERVAL {_days(days)} DAY"
+def rollup_ttl(db: str, r: Rollup, days: int, tiering: Tiering | None = None) -> str:
+    """What changes an existing rollup's retention (and its move to a cold volume)."""
+    return f"ALTER TABLE {check_identifier(db)}.{r.table} MODIFY TTL {ttl_clause('ts', _days(days), tiering)}"

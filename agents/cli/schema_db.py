@@ -22,7 +22,8 @@ def migrate_command(ctx: click.Context, dry_run: bool) -> None:
     try:
         backend = open_backend(s)
         try:
-            p = plan(backend, s.frames_retention_days, s.rollup_days(), s.grid_ms, s.clickhouse_cluster or None)
+            p = plan(backend, s.frames_retention_days, s.rollup_days(), s.grid_ms, s.clickhouse_cluster or None,
+                     s.tiering())
             if dry_run:
                 refuse_newer(p)  # with the message a worker would give
                 for note in p.notes:
@@ -56,7 +57,8 @@ def show_command(ctx: click.Context) -> None:
     try:
         backend = open_backend(s)
         try:
-            p = plan(backend, s.frames_retention_days, s.rollup_days(), s.grid_ms, s.clickhouse_cluster or None)
+            p = plan(backend, s.frames_retention_days, s.rollup_days(), s.grid_ms, s.clickhouse_cluster or None,
+                     s.tiering())
             _, rows = backend.rows("SELECT name, engine, create_table_query FROM system.tables "
                                    f"WHERE database = '{backend.database}' ORDER BY name")
             # From the parts, not system.tables.total_rows: servers before 19 have no such column.

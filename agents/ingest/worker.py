@@ -135,7 +135,7 @@ class Ingestor:
         self._on_flush = on_flush
         backend = self._backend = await self._on_ch(self._backend_factory, s)
         await self._on_ch(ensure_schema, backend, s.frames_retention_days, s.rollup_days(), s.grid_ms,
-                          s.clickhouse_cluster or None)
+                          s.clickhouse_cluster or None, s.tiering())
         self._ch_ready.set()
         store = self._store = FrameStore(backend)
         self._dlq = DeadLetter(SampleProducer(s), self.topics.dlq)

@@ -64,13 +64,18 @@ def _ns_text(ns: int) -> str:
 class ChdbBackend:
     """Embedded ClickHouse (chDB): data in a local directory, no server. One per process."""
 
-    def __init__(self, path: str | Path, database: str) -> None:
+    def __init__(self, path: str | Path, database: str, config: str | Path | None = None) -> None:
         from chdb import session  # imported here: loading the engine costs ~1 s
 
         Path(path).mkdir(parents=True, exist_ok=True)
         self.layout: ddl.Layout = "current"
         self.database = ddl.check_identifier(database)
-        self._session = session.Session(str(path))  # type: ignore[no-untyped-call]
+        where = str(path)
+        if config:  # its disks and storage policies (a path with '?' or '&' would split chDB's connection string)
+            if not Path(config).is_file() or set("?&") & set(str(config) + where):
+                raise ClickHouseError(f"chDB configuration {config}: not a readable file with a plain path")
+            where = f"file:{Path(path).resolve()}?config-file={Path(config).resolve()}"
+        self._session = session.Session(where)  # type: ignore[no-untyped-call]
 
     def use_database(self) -> None:
         """Make flopwatch's database the default one of later queries (it must exist)."""
@@ -199,7 +204,7 @@ class NativeBackend:
 
 def open_backend(settings: Settings) -> Backend:
     if settings.clickhouse_backend == "chdb":
-        return ChdbBackend(settings.chdb_path, settings.clickhouse_database)
+        return ChdbBackend(settings.chdb_path, settings.clickhouse_database, settings.chdb_config or None)
     return NativeBackend(settings)
 
 

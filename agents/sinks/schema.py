@@ -11,15 +11,18 @@ refused, with a message that says so, before anything is written.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
 from agents.sinks.clickhouse import Backend, ClickHouseError
 from schemas import cluster as cluster_ddl
-from schemas import ddl, rollups, views
+from schemas import ddl, rollups, tiers, views
 from schemas.alerts import LEAK_RULES
+from schemas.tiers import Tiering
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +52,10 @@ class Plan:
 
 
 def plan(backend: Backend, retention_days: int = 400, rollup_days: tuple[int, int] | None = rollups.RETENTION_DAYS,
-         grid_ms: int = 1000, cluster: str | None = None) -> Plan:
+         grid_ms: int = 1000, cluster: str | None = None, tiering: Tiering | None = None) -> Plan:
     """What ``backend``'s database needs to be at ``SCHEMA_VERSION`` with these retentions (and views that state
-    GPU-time at this grid). ``cluster``: the tables of ``schemas.cluster`` on that cluster, made ON CLUSTER."""
+    GPU-time at this grid). ``cluster``: the tables of ``schemas.cluster`` on that cluster, made ON CLUSTER;
+    ``tiering``: the frames and rollups on that storage policy, old parts moved to its cold volume."""
     db, layout = backend.database, backend.layout
     # The name passed check_identifier, so it is safe as a literal (the two clients differ in parameter syntax).
     _, rows = backend.rows(f"SELECT name, create_table_query FROM system.tables WHERE database = '{db}'")
@@ -70,15 +74,17 @@ def plan(backend: Backend, retention_days: int = 400, rollup_days: tuple[int, in
     if not have:
         stmts.append(f"CREATE DATABASE IF NOT EXISTS {db}" + (f" ON CLUSTER {ddl.check_identifier(cluster)}"
                                                                 if cluster else ""))
-    for name, sql in ddl.tables(db, layout, retention_days).items():
+    for name, sql in ddl.tables(db, layout, retention_days, tiering).items():
         if name not in have or base(name) not in have:
             stmts += cluster_ddl.clustered(sql, cluster) if cluster else [sql]
     if layout == "current" and base("gpu_frames") in have:  # the legacy layout has no TTL
-        had = ddl.ttl_days_of(have[base("gpu_frames")])
+        q = have[base("gpu_frames")]
+        had = ddl.ttl_days_of(q)
         if had != retention_days:
             out.notes.append(f"gpu_frames keeps frames for {retention_days} days from now on (it kept them for "
                              + ("ever" if had is None else f"{had} days") + ")")
-            stmts += alter([ddl.frames_ttl(db, retention_days)])
+        stmts += alter(_tier_changes(out, "gpu_frames", q, tiering, had != retention_days,
+                                     lambda: ddl.frames_ttl(db, retention_days, tiering)))
     # A table made by an older flopwatch lacks the newer columns (CREATE ... IF NOT EXISTS leaves it as it is).
     if base("gpu_frames") in have:
         stmts += alter(ddl.gpu_frames_migrations(db, _columns(backend, base("gpu_frames")), layout))
@@ -90,7 +96,7 @@ def plan(backend: Backend, retention_days: int = 400, rollup_days: tuple[int, in
     elif layout == "current":  # the legacy server reads the ledger through `flopwatch leaks` only, and has no rollups
         if "leak_episodes" not in have or (out.found or 0) < SCHEMA_VERSION:
             stmts.append(ddl.leak_episodes_view(db, LEAK_RULES))
-        _plan_rollups(out, have, rollup_days)
+        _plan_rollups(out, have, rollup_days, tiering)
         rolled = rollup_days is not None or rollups.ROLLUPS[1].table in have
         for name in views.VIEWS:
             if name in views.ON_ROLLUPS and not rolled:
@@ -100,7 +106,27 @@ def plan(backend: Backend, retention_days: int = 400, rollup_days: tuple[int, in
     return out
 
 
-def _plan_rollups(out: Plan, have: dict[str, str], days: tuple[int, int] | None) -> None:
+def _tier_changes(out: Plan, table: str, create_query: str, tiering: Tiering | None, ttl_changed: bool,
+                  ttl: Callable[[], str]) -> list[str]:
+    """The ALTERs that put an existing table on the tiering's policy and rules (and its new retention)."""
+    stmts = []
+    policy = tiers.policy_of(create_query)
+    if tiering is not None and policy != tiering.policy:
+        out.notes.append(f"{table} moves to storage policy {tiering.policy!r}")
+        stmts.append(ddl.storage_policy(out.database, table, tiering))
+    elif tiering is None and policy is not None:
+        out.notes.append(f"{table} stays on storage policy {policy!r} (a policy cannot be taken off a table)")
+    want = None if tiering is None else (tiering.hot_days, tiering.cold_volume)
+    if ttl_changed or tiers.tier_of(create_query) != want:
+        if want != tiers.tier_of(create_query):
+            out.notes.append(f"{table}: " + ("no parts move to a cold volume" if want is None else
+                                            f"parts older than {want[0]} days move to volume {want[1]!r}"))
+        stmts.append(ttl())
+    return stmts
+
+
+def _plan_rollups(out: Plan, have: dict[str, str], days: tuple[int, int] | None,
+                  tiering: Tiering | None = None) -> None:
     db = out.database
     for r, keep in zip(rollups.ROLLUPS, days or (None, None), strict=True):
         view = f"{r.table}_mv"
@@ -110,12 +136,15 @@ def _plan_rollups(out: Plan, have: dict[str, str], days: tuple[int, int] | None)
                 out.statements.append(f"DROP VIEW IF EXISTS {db}.{view}")
             continue
         if r.table not in have:
-            out.statements.append(rollups.rollup_table(db, r, keep))
+            out.statements.append(rollups.rollup_table(db, r, keep, tiering))
             if "gpu_frames" in have:  # the view sees new blocks only: what was written before goes in once
                 out.statements.append(rollups.rollup_backfill(db, r))
-        elif ddl.ttl_days_of(have[r.table]) != keep:
-            out.notes.append(f"{r.table} keeps rows for {keep} days from now on")
-            out.statements.append(rollups.rollup_ttl(db, r, keep))
+        else:
+            changed = ddl.ttl_days_of(have[r.table]) != keep
+            if changed:
+                out.notes.append(f"{r.table} keeps rows for {keep} days from now on")
+            out.statements += _tier_changes(out, r.table, have[r.table], tiering, changed,
+                                            functools.partial(rollups.rollup_ttl, db, r, keep, tiering))
         if view not in have:
             out.statements.append(rollups.rollup_view(db, r))
 
@@ -144,11 +173,11 @@ def apply(backend: Backend, p: Plan, now_ms: int | None = None) -> None:
 
 def ensure_schema(backend: Backend, retention_days: int = 400,
                   rollup_days: tuple[int, int] | None = rollups.RETENTION_DAYS, grid_ms: int = 1000,
-                  cluster: str | None = None) -> Plan:
+                  cluster: str | None = None, tiering: Tiering | None = None) -> Plan:
     """Create or bring up to date flopwatch's tables (``rollup_days``: the 1 min and 1 h rollups' retention, or
     None: no rollups; their views are dropped, so inserts stop feeding them, and their rows stay; ``cluster``:
     replicated and Distributed tables on that cluster)."""
-    p = plan(backend, retention_days, rollup_days, grid_ms, cluster)
+    p = plan(backend, retention_days, rollup_days, grid_ms, cluster, tiering)
     apply(backend, p)
     return p
 
