@@ -35,12 +35,9 @@ def _num(v: float | None) -> float | None:
 
 @dataclass(slots=True)
 class _Gpu:
-    node: str
-    gpu: str
-    labels: dict[str, str | int]
     tick_ns: int
     grid_ns: int
-    derived: dict[str, float | None]
+    frame: GpuFrame | None  # the latest (frames are immutable: kept, not copied; this runs once per GPU-tick)
     # (tick_ns, flops_per_watt, cost_per_tflops): what the two charts draw
     points: deque[tuple[int, float | None, float | None]] = field(default_factory=deque)
 
@@ -70,7 +67,7 @@ class LiveState:
         key = (m.node, g.gpu)
         gpu = self._gpus.get(key)
         if gpu is None:
-            gpu = self._gpus[key] = _Gpu(m.node, g.gpu, {}, 0, m.grid_ns, {}, deque(maxlen=self.points))
+            gpu = self._gpus[key] = _Gpu(0, m.grid_ns, None, deque(maxlen=self.points))
             if len(self._gpus) > MAX_GPUS:
                 self._gpus.popitem(last=False)
         else:
@@ -78,7 +75,7 @@ class LiveState:
         if m.tick_ns < gpu.tick_ns:
             return  # a replayed older frame: the charts only move forward
         d = g.derived
-        gpu.labels, gpu.tick_ns, gpu.grid_ns, gpu.derived = dict(g.labels), m.tick_ns, m.grid_ns, dict(d)
+        gpu.tick_ns, gpu.grid_ns, gpu.frame = m.tick_ns, m.grid_ns, g
         if gpu.points and gpu.points[-1][0] == m.tick_ns:
             gpu.points.pop()  # the same tick again (a replay): its latest values
         gpu.points.append((m.tick_ns, _num(d.get("flops_per_watt")), _num(d.get("cost_per_tflops"))))
@@ -126,11 +123,13 @@ class LiveState:
         """Each GPU's latest frame, ordered by node and GPU."""
         rows = []
         for (node, gpu), g in sorted(self._gpus.items()):
-            d = g.derived
+            if g.frame is None:
+                continue
+            d, labels = g.frame.derived, g.frame.labels
             cost = d.get("cost_usd")
-            rows.append({"node": node, "gpu": gpu, "namespace": g.labels.get("namespace", ""),
-                         "workload": g.labels.get("workload", ""), "model": g.labels.get("gpu_model", ""),
-                         "region": g.labels.get("region", ""), "tick_ns": g.tick_ns,
+            rows.append({"node": node, "gpu": gpu, "namespace": labels.get("namespace", ""),
+                         "workload": labels.get("workload", ""), "model": labels.get("gpu_model", ""),
+                         "region": labels.get("region", ""), "tick_ns": g.tick_ns,
                          "flops_per_watt": _num(d.get("flops_per_watt")),
                          "cost_per_tflops": _num(d.get("cost_per_tflops")), "tflops": _num(d.get("tflops")),
                          "cost_usd_per_h": None if _num(cost) is None else cost * 3600e9 / g.grid_ns,  # type: ignore[operator]
