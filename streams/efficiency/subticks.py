@@ -43,6 +43,9 @@ class SubTicks:
         self.bucket_ns, self.grid_ns, self.max_series = bucket_ns, grid_ns, max_series
         # (node, gpu) -> bucket -> [tensor sum, n, sm sum, n, power sum, n]
         self._series: OrderedDict[tuple[str, str], dict[int, list[float]]] = OrderedDict()
+        # (node, gpu) -> no bucket below this is held: ``release`` drops a range instead of scanning every bucket
+        # (a batched message holds ~100 buckets ahead; a scan per closed tick was 16% of the worker's time)
+        self._lo: dict[tuple[str, str], int] = {}
         self._floor = -(2**62)
 
     def add(self, node: str, gpu: str, kind: int, ts_ns: npt.NDArray[np.int64], values: npt.NDArray[np.float64]
@@ -54,7 +57,8 @@ class SubTicks:
         if s is None:
             s = self._series[key] = {}
             if len(self._series) > self.max_series:
-                self._series.popitem(last=False)
+                gone, _ = self._series.popitem(last=False)
+                self._lo.pop(gone, None)
         else:
             self._series.move_to_end(key)
         i, bns, floor, get = 2 * kind, self.bucket_ns, self._floor, s.get
@@ -62,7 +66,12 @@ class SubTicks:
             b = ts_ns // bns
             ok = (values == values) & (b >= floor)
             buckets, inv = np.unique(b[ok], return_inverse=True)
+            if not buckets.size:
+                return
             sums, counts = np.bincount(inv, weights=values[ok]), np.bincount(inv)
+            first = int(buckets[0])  # np.unique sorts
+            if first < self._lo.get(key, first + 1):
+                self._lo[key] = first
             for bucket, total, count in zip(buckets.tolist(), sums.tolist(), counts.tolist(), strict=True):
                 acc = get(bucket)
                 if acc is None:
@@ -79,6 +88,8 @@ class SubTicks:
             acc = get(bucket)
             if acc is None:
                 acc = s[bucket] = [0.0, 0, 0.0, 0, 0.0, 0]
+                if bucket < self._lo.get(key, bucket + 1):
+                    self._lo[key] = bucket
             acc[i] += x
             acc[i + 1] += 1
 
@@ -103,11 +114,22 @@ class SubTicks:
 
     def release(self, node: str, gpu: str, tick_ns: int) -> None:
         """The GPU's ticks up to ``tick_ns`` are closed: drop their buckets."""
-        s = self._series.get((node, gpu))
-        if s is not None:
-            end = (tick_ns + self.grid_ns) // self.bucket_ns
+        key = (node, gpu)
+        s = self._series.get(key)
+        if s is None:
+            return
+        end = (tick_ns + self.grid_ns) // self.bucket_ns
+        lo = self._lo.get(key)
+        if lo is None or lo >= end:
+            return  # nothing held below end
+        if end - lo <= 4 * len(s):
+            pop = s.pop
+            for bucket in range(lo, end):
+                pop(bucket, None)
+        else:  # a long gap since the last release: fewer buckets held than the range spans
             for bucket in [b for b in s if b < end]:
                 del s[bucket]
+        self._lo[key] = end
 
     def evict_before(self, ts_ns: int) -> None:
         """Drop buckets before ``ts_ns``, and GPUs left with none."""
@@ -121,6 +143,9 @@ class SubTicks:
                 del s[bucket]
             if not s:
                 del self._series[key]
+                self._lo.pop(key, None)
+            elif self._lo.get(key, floor) < floor:
+                self._lo[key] = floor
 
     def buckets_held(self) -> int:
         return sum(len(s) for s in self._series.values())

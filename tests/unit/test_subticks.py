@@ -49,3 +49,22 @@ def test_closed_ticks_release_their_buckets_and_old_gpus_go() -> None:
 def test_a_grid_that_is_not_a_multiple_of_the_bucket_is_refused() -> None:
     with pytest.raises(ValueError, match="multiple"):
         SubTicks(B, 150_000_000)
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_release_drops_exactly_the_closed_ticks_whatever_was_held(batched: bool) -> None:
+    """Buckets held far ahead (a batched message), late buckets below what was released, a long gap between
+    releases: after each release no bucket of a closed tick is left and every later one is."""
+    st = SubTicks(B, S)
+    n = 100 if batched else 20
+    st.add("n", "0", POWER, ts(0, n), np.full(n, 300.0))
+    st.release("n", "0", 0)
+    assert st.buckets_held() == n - 10
+    st.add("n", "0", POWER, ts(0.2, 1), np.full(1, 300.0))  # late: a bucket of the released tick again
+    st.release("n", "0", S)
+    assert st.buckets_held() == n - 20
+    st.add("n", "0", POWER, ts(600, n), np.full(n, 300.0))  # far ahead: the range to the next release is long
+    st.release("n", "0", 600 * S)
+    assert st.buckets_held() == n - 10
+    held = st._series[("n", "0")]
+    assert min(held) == (601 * S) // B and max(held) == (600 * S + (n - 1) * B + 5_000_000) // B
