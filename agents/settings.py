@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 import tomllib
 import typing
 from collections.abc import Callable, Mapping
@@ -17,6 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
 
+from schemas.cluster import alt_hosts, check_cluster
 from schemas.rollups import RETENTION_DAYS as ROLLUP_RETENTION_DAYS
 from schemas.tiers import Tiering
 from streams.align.aligner import AlignParams
@@ -354,39 +354,23 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path 
     for name in _POSITIVE:
         if getattr(settings, name) <= 0:
             raise SettingsError(f"{name}={getattr(settings, name)!r}: must be > 0")
-    _check_cluster(settings)
-    _check_tiers(settings)
+    _check_storage(settings)
     return settings
 
 
-def _check_tiers(s: Settings) -> None:
-    try:
-        t = s.tiering()
-        if t is None:
-            return
-        if s.clickhouse_layout == "legacy":
-            raise ValueError("the legacy layout (ClickHouse 18.16) has no TTL moves")
-        t.check(s.frames_retention_days, "gpu_frames")
-        for table, days in zip(("gpu_rollup_1m", "gpu_rollup_1h"), s.rollup_days() or (), strict=False):
-            t.check(days, table)
-    except ValueError as exc:
-        raise SettingsError(f"FLOPWATCH_STORAGE_POLICY: {exc}") from None
+def _check_storage(s: Settings) -> None:
+    """Cluster, alternate hosts and tiers: what the schema and the driver would refuse later, refused now."""
+    def tiers() -> None:
+        if (t := s.tiering()) is not None:  # its constructor checks the names
+            t.check(s.clickhouse_layout, {"gpu_frames": s.frames_retention_days, **dict(zip(
+                ("gpu_rollup_1m", "gpu_rollup_1h"), s.rollup_days() or (), strict=False))})
 
-
-_ALT_HOST = re.compile(r"[A-Za-z0-9.\-]+:[0-9]{1,5}|\[[0-9A-Fa-f:.]+\]:[0-9]{1,5}")
-
-
-def _check_cluster(s: Settings) -> None:
-    if s.clickhouse_cluster:
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", s.clickhouse_cluster):
-            raise SettingsError(f"FLOPWATCH_CLICKHOUSE_CLUSTER={s.clickhouse_cluster!r}: not a cluster name "
-                                "(letters, digits and _, as in the server's remote_servers)")
-        if s.clickhouse_backend != "native":
-            raise SettingsError("FLOPWATCH_CLICKHOUSE_CLUSTER needs FLOPWATCH_CLICKHOUSE_BACKEND=native "
-                                "(the embedded chDB is one process, not a cluster)")
-    for alt in filter(None, (a.strip() for a in s.clickhouse_alt_hosts.split(","))):
-        if not _ALT_HOST.fullmatch(alt):
-            raise SettingsError(f"FLOPWATCH_CLICKHOUSE_ALT_HOSTS: {alt!r} is not host:port")
+    for var, check in (("CLICKHOUSE_CLUSTER", lambda: check_cluster(s.clickhouse_cluster, s.clickhouse_backend)),
+                       ("CLICKHOUSE_ALT_HOSTS", lambda: alt_hosts(s.clickhouse_alt_hosts)), ("STORAGE_POLICY", tiers)):
+        try:
+            check()
+        except ValueError as exc:
+            raise SettingsError(f"{ENV_PREFIX}{var}: {exc}") from None
 
 
 # Settings that were replaced, and by what: a silently ignored setting would be worse than an error.

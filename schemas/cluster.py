@@ -27,7 +27,7 @@ from typing import Final
 
 from schemas.ddl import check_identifier
 
-__all__ = ["LOCAL_SUFFIX", "SHARD_KEYS", "clustered", "clustered_alter", "local_name"]
+__all__ = ["LOCAL_SUFFIX", "SHARD_KEYS", "alt_hosts", "check_cluster", "clustered", "clustered_alter", "local_name"]
 
 LOCAL_SUFFIX: Final = "_local"
 # What keeps a row's duplicates on one shard: its identity's leading columns.
@@ -39,6 +39,28 @@ SHARD_KEYS: Final = {
 _CREATE = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+)\.(\w+) \(")
 _ENGINE = re.compile(r"ENGINE = (\w*)MergeTree\b(\(\))?")
 _ALTER = re.compile(r"ALTER TABLE (\w+)\.(\w+) ")
+_HOST_PORT = re.compile(r"[A-Za-z0-9.\-]+:[0-9]{1,5}|\[[0-9A-Fa-f:.]+\]:[0-9]{1,5}")
+
+
+def check_cluster(name: str, backend: str) -> None:
+    """ValueError unless ``name`` (empty: no cluster) can name a cluster that ``backend`` writes to."""
+    if name and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise ValueError(f"{name!r}: not a cluster name (letters, digits and _, as in the server's remote_servers)")
+    if name and backend != "native":
+        raise ValueError("needs FLOPWATCH_CLICKHOUSE_BACKEND=native (the embedded chDB is one process, not a cluster)")
+
+
+def alt_hosts(text: str) -> str:
+    """``host:port,...`` as the driver takes it (blanks dropped); ValueError naming an entry that is not one.
+
+    >>> alt_hosts(" 127.0.0.1:9102 , [::1]:9103,")
+    '127.0.0.1:9102,[::1]:9103'
+    """
+    hosts = [a.strip() for a in text.split(",") if a.strip()]
+    for h in hosts:
+        if not _HOST_PORT.fullmatch(h):
+            raise ValueError(f"{h!r} is not host:port")
+    return ",".join(hosts)
 
 
 def local_name(table: str) -> str:

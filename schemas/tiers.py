@@ -43,10 +43,15 @@ class Tiering:
         if int(self.hot_days) < 1:
             raise ValueError(f"hot days must be at least 1, got {self.hot_days}")
 
-    def check(self, retention_days: int, table: str) -> None:
-        if retention_days <= self.hot_days:
-            raise ValueError(f"{table} keeps rows for {retention_days} days, not longer than the {self.hot_days} hot "
-                             "days: nothing would ever reach the cold volume")
+    def check(self, layout: str, retentions: dict[str, int]) -> None:
+        """ValueError for a layout without TTL moves, or a table (name: retention in days) that keeps rows no
+        longer than the hot days."""
+        if layout == "legacy":
+            raise ValueError("the legacy layout (ClickHouse 18.16) has no TTL moves")
+        for table, days in retentions.items():
+            if days <= self.hot_days:
+                raise ValueError(f"{table} keeps rows for {days} days, not longer than the {self.hot_days} hot days: "
+                                 "nothing would ever reach the cold volume")
 
 
 def ttl_clause(ts: str, retention_days: int, tiering: Tiering | None) -> str:

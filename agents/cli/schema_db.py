@@ -16,14 +16,13 @@ def migrate_command(ctx: click.Context, dry_run: bool) -> None:
     Every statement is idempotent: running it again, or beside a starting worker, is harmless.
     """
     from agents.sinks.clickhouse import ClickHouseError, open_backend
-    from agents.sinks.schema import SCHEMA_VERSION, apply, plan, refuse_newer
+    from agents.sinks.schema import SCHEMA_VERSION, apply, plan_for, refuse_newer
 
     s = settings_of(ctx)
     try:
         backend = open_backend(s)
         try:
-            p = plan(backend, s.frames_retention_days, s.rollup_days(), s.grid_ms, s.clickhouse_cluster or None,
-                     s.tiering())
+            p = plan_for(backend, s)
             if dry_run:
                 refuse_newer(p)  # with the message a worker would give
                 for note in p.notes:
@@ -50,15 +49,14 @@ def show_command(ctx: click.Context) -> None:
     from rich.table import Table
 
     from agents.sinks.clickhouse import ClickHouseError, open_backend
-    from agents.sinks.schema import HISTORY, SCHEMA_VERSION, plan
+    from agents.sinks.schema import HISTORY, SCHEMA_VERSION, plan_for
     from schemas import ddl
 
     s = settings_of(ctx)
     try:
         backend = open_backend(s)
         try:
-            p = plan(backend, s.frames_retention_days, s.rollup_days(), s.grid_ms, s.clickhouse_cluster or None,
-                     s.tiering())
+            p = plan_for(backend, s)
             _, rows = backend.rows("SELECT name, engine, create_table_query FROM system.tables "
                                    f"WHERE database = '{backend.database}' ORDER BY name")
             # From the parts, not system.tables.total_rows: servers before 19 have no such column.

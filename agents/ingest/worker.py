@@ -44,7 +44,7 @@ from agents.settings import Settings
 from agents.sinks.clickhouse import Backend, open_backend
 from agents.sinks.deadletter import DeadLetter
 from agents.sinks.frames_out import FramePublisher
-from agents.sinks.schema import ensure_schema
+from agents.sinks.schema import ensure_for
 from agents.sinks.store import FrameStore, Pending
 from streams.efficiency.enrich import Enricher
 
@@ -134,8 +134,7 @@ class Ingestor:
         s = self.settings
         self._on_flush = on_flush
         backend = self._backend = await self._on_ch(self._backend_factory, s)
-        await self._on_ch(ensure_schema, backend, s.frames_retention_days, s.rollup_days(), s.grid_ms,
-                          s.clickhouse_cluster or None, s.tiering())
+        await self._on_ch(ensure_for, backend, s)
         self._ch_ready.set()
         store = self._store = FrameStore(backend)
         self._dlq = DeadLetter(SampleProducer(s), self.topics.dlq)

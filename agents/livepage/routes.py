@@ -70,8 +70,8 @@ class HeatmapCache:
 def heatmap_window(state: LiveState, now_ms: int) -> tuple[int, int]:
     """The last ``HEATMAP_WINDOW_MS`` of ticks ending ``HEATMAP_MARGIN_MS`` before the newest frame seen
     (before now when no frame is seen: a worker without the detection agent)."""
-    newest = max((g["tick_ns"] // 1_000_000 for g in state.gpus()), default=now_ms)
-    to_ms = newest - HEATMAP_MARGIN_MS
+    newest = state.newest_tick_ns()
+    to_ms = (now_ms if newest is None else newest // 1_000_000) - HEATMAP_MARGIN_MS
     return to_ms - HEATMAP_WINDOW_MS, to_ms
 
 

@@ -154,6 +154,10 @@ class LiveState:
         return {"t": [t / 1e9 for t in ticks], "tick_ns": ticks, "keys": [f"{n}/{g}" for n, g in chosen],
                 "flops_per_watt": fpw, "cost_per_tflops": cpt}
 
+    def newest_tick_ns(self) -> int | None:
+        """The newest tick any GPU's frame was seen for; None before the first."""
+        return max((g.tick_ns for g in self._gpus.values() if g.frame is not None), default=None)
+
     def firing(self) -> list[Alert]:
         return sorted(self._firing.values(), key=lambda a: (a.ts_ns, a.id), reverse=True)
 

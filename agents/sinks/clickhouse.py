@@ -18,6 +18,7 @@ import orjson
 
 from agents.settings import Settings
 from schemas import ddl, rollups
+from schemas.cluster import alt_hosts
 
 log = logging.getLogger(__name__)
 Columns = dict[str, Any]  # column name -> list or numpy array
@@ -140,7 +141,7 @@ class NativeBackend:
                                   "send_receive_timeout": 60, "client_name": "flopwatch"}
         if settings.clickhouse_ca_certs:
             kwargs["ca_certs"] = settings.clickhouse_ca_certs
-        alt = ",".join(a.strip() for a in settings.clickhouse_alt_hosts.split(",") if a.strip())
+        alt = alt_hosts(settings.clickhouse_alt_hosts)  # checked when the settings were loaded
         if alt:  # the driver tries them in turn when it (re)connects: a lost server is a reconnect away
             kwargs["alt_hosts"] = alt
         if settings.clickhouse_cluster:

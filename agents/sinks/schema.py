@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
+from agents.settings import Settings
 from agents.sinks.clickhouse import Backend, ClickHouseError
 from schemas import cluster as cluster_ddl
 from schemas import ddl, rollups, tiers, views
@@ -116,9 +117,9 @@ def _tier_changes(out: Plan, table: str, create_query: str, tiering: Tiering | N
         stmts.append(ddl.storage_policy(out.database, table, tiering))
     elif tiering is None and policy is not None:
         out.notes.append(f"{table} stays on storage policy {policy!r} (a policy cannot be taken off a table)")
-    want = None if tiering is None else (tiering.hot_days, tiering.cold_volume)
-    if ttl_changed or tiers.tier_of(create_query) != want:
-        if want != tiers.tier_of(create_query):
+    want, had = None if tiering is None else (tiering.hot_days, tiering.cold_volume), tiers.tier_of(create_query)
+    if ttl_changed or had != want:
+        if had != want:
             out.notes.append(f"{table}: " + ("no parts move to a cold volume" if want is None else
                                             f"parts older than {want[0]} days move to volume {want[1]!r}"))
         stmts.append(ttl())
@@ -178,6 +179,19 @@ def ensure_schema(backend: Backend, retention_days: int = 400,
     None: no rollups; their views are dropped, so inserts stop feeding them, and their rows stay; ``cluster``:
     replicated and Distributed tables on that cluster)."""
     p = plan(backend, retention_days, rollup_days, grid_ms, cluster, tiering)
+    apply(backend, p)
+    return p
+
+
+def plan_for(backend: Backend, s: Settings) -> Plan:
+    """``plan`` with the retentions, grid, cluster and tiers the settings give."""
+    return plan(backend, s.frames_retention_days, s.rollup_days(), s.grid_ms, s.clickhouse_cluster or None,
+                s.tiering())
+
+
+def ensure_for(backend: Backend, s: Settings) -> Plan:
+    """``ensure_schema`` with what the settings give: what a worker runs at start."""
+    p = plan_for(backend, s)
     apply(backend, p)
     return p
 
