@@ -88,6 +88,18 @@ CATALOG: Final[tuple[Sensor, ...]] = (
 
 BY_NAME: Final[dict[str, Sensor]] = {s.name: s for s in CATALOG}
 
+# How finely ClickHouse keeps each gauge's values: the binary exponent of its resolution (-4: 1/16 of
+# the unit). Finer than the sensor can tell is noise that no codec compresses; these are at or below
+# what the source reports (NVML power in mW but accurate to watts, utilisation in whole %, clocks in
+# MHz, PCIe/NVLink counters in bytes over a sampling window). Counters and events are kept exactly.
+# Frames on Kafka keep every bit; see schemas.resolution.
+STORAGE_RESOLUTION: Final[dict[str, int]] = {
+    "gpu_util": -6, "sm_active": -12, "tensor_active": -12, "fb_used": -4, "power": -4, "temperature": -4,
+    "sm_clock": -2, "pcie_tx": 20, "pcie_rx": 20, "nvlink_tx": 20, "nvlink_rx": 20,  # 1 MiB/s
+    "torch_allocated": 20, "torch_reserved": 20, "nccl_allreduce_ms": -10, "dataloader_wait_ms": -10,  # ~1 us
+    "queue_depth": -4, "request_rate": -6, "request_latency_ms": -10, "host_cpu_util": -6, "disk_write": 20,
+}
+
 # Label keys a sample may carry, mapped to their gpu_frames column.
 LABEL_COLUMNS: Final[dict[str, str]] = {
     "pod": "pod",

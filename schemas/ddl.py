@@ -86,7 +86,8 @@ def derived_columns(layout: Layout = "current") -> list[str]:
     >>> derived_columns("legacy")[-2:]
     ['sm_active_p99 Nullable(Float64)', 'derive_note String']
     """
-    cols = [f"{c} {'Nullable(UInt8)' if c == 'idle' else 'Nullable(Float64)'}" for c in DERIVED_COLS]
+    fcodec = " CODEC(Gorilla, ZSTD(1))" if layout == "current" else ""
+    cols = [f"{c} {'Nullable(UInt8)' if c == 'idle' else 'Nullable(Float64)' + fcodec}" for c in DERIVED_COLS]
     return [*cols, f"{frames.NOTE_COLUMN} {'LowCardinality(String)' if layout == 'current' else 'String'}"]
 
 
@@ -102,6 +103,21 @@ def gpu_frames_migrations(db: str, existing: set[str], layout: Layout = "current
     check_identifier(db)
     wanted = [f"{c} {_label_type(c, layout)}" for c in LABEL_COLS] + derived_columns(layout)
     return [f"ALTER TABLE {db}.gpu_frames ADD COLUMN {d}" for d in wanted if d.split(" ", 1)[0] not in existing]
+
+
+def frames_codec_migrations(db: str, create_query: str) -> list[str]:
+    """ALTERs that give an older ``gpu_frames``' derived columns the codec of the current layout (their
+    values are stored at a resolution since schema version 4, which Gorilla + ZSTD compresses; new parts
+    get it, old parts keep theirs until merged).
+
+    >>> frames_codec_migrations("fw", "CREATE TABLE fw.gpu_frames (tflops Nullable(Float64), idle Nullable(UInt8))")[0]
+    'ALTER TABLE fw.gpu_frames MODIFY COLUMN tflops Nullable(Float64) CODEC(Gorilla, ZSTD(1))'
+    >>> frames_codec_migrations("fw", gpu_frames("fw"))
+    []
+    """
+    check_identifier(db)
+    return [f"ALTER TABLE {db}.gpu_frames MODIFY COLUMN {d}" for d in derived_columns("current")
+            if "CODEC" in d and re.search(rf"\b{d.split(' ', 1)[0]}`? Nullable\(Float64\) CODEC", create_query) is None]
 
 
 def leak_episodes_query(db: str, rules: tuple[str, ...], layout: Layout = "current") -> str:

@@ -32,6 +32,7 @@ HISTORY: Final = {
     1: "gpu_frames, k8s_events, ingest_progress, node_progress, detections, scale_decisions",
     2: "detections.causes, the leak_episodes view",
     3: "gpu_rollup_1m and gpu_rollup_1h with their materialized views, schema_version, the views of schemas.views",
+    4: "frame values stored at their resolution (schemas.resolution), derived columns with Gorilla+ZSTD",
 }
 SCHEMA_VERSION: Final = max(HISTORY)
 
@@ -89,6 +90,8 @@ def plan(backend: Backend, retention_days: int = 400, rollup_days: tuple[int, in
     # A table made by an older flopwatch lacks the newer columns (CREATE ... IF NOT EXISTS leaves it as it is).
     if base("gpu_frames") in have:
         stmts += alter(ddl.gpu_frames_migrations(db, _columns(backend, base("gpu_frames")), layout))
+        if layout == "current":
+            stmts += alter(ddl.frames_codec_migrations(db, have[base("gpu_frames")]))
     if base("detections") in have:
         stmts += alter(ddl.detections_migrations(db, _columns(backend, base("detections"))))
     if layout == "current" and cluster:

@@ -6,7 +6,8 @@ every view and cookbook query over 24 h of a 64-GPU cluster at a 1 s grid, on th
 The frames are real pipeline output: ``--seconds`` of the simulated cluster through the ingest's
 core (decode, align, derive) into chDB. Bytes per value are measured on that block after merges
 (``OPTIMIZE ... FINAL``), each codec choice in its own copy of ``gpu_frames``: the table's whole
-compressed size over the sensor values it holds (labels, counts and derived columns included).
+compressed size over the sensor values it holds (labels, counts and derived columns included), each
+value at its column's resolution (schemas.resolution) as the worker writes it.
 For the latency part the block is repeated, shifted in time, up to ``--hours``; the rollups fill
 through their materialized views as the worker's inserts fill them. No Kafka needed.
 Prints one JSON object per part; docs/performance.md quotes them.
@@ -35,13 +36,13 @@ from streams.sim.simulate import SimParams
 DB = "fwbench"
 S = 1_000_000_000
 COOKBOOK = Path(__file__).resolve().parents[2] / "docs" / "sql.md"
-# Codec choices for the float columns (sampled values; "derived" ones too where named).
+# Codec choices for the float columns (every value and derived column; values at their resolution).
 CODECS = {
-    "current: Gorilla+ZSTD(1) on values, derived LZ4": None,
-    "Gorilla+ZSTD(1) on values and derived": "CODEC(Gorilla, ZSTD(1))",
-    "FPC+ZSTD(1) on values and derived": "CODEC(FPC, ZSTD(1))",
-    "ZSTD(3) on values and derived": "CODEC(ZSTD(3))",
-    "FPC(12)+ZSTD(3) on values and derived": "CODEC(FPC(12), ZSTD(3))",
+    "current: Gorilla+ZSTD(1)": None,
+    "ZSTD(1)": "CODEC(ZSTD(1))",
+    "Gorilla+ZSTD(3)": "CODEC(Gorilla, ZSTD(3))",
+    "FPC+ZSTD(1)": "CODEC(FPC, ZSTD(1))",
+    "ZSTD(3)": "CODEC(ZSTD(3))",
 }
 # Raw-table forms of what views answer from the rollup: what the rollups save.
 RAW = {

@@ -18,6 +18,7 @@ import orjson
 from agents.settings import Settings, settings_env
 from agents.sinks.clickhouse import open_backend
 from schemas import ddl
+from schemas.resolution import stored_as
 from streams.sim.simulate import ClusterSimulator, SimParams
 from tests.oracle import Rows, oracle, series_of
 
@@ -83,7 +84,8 @@ def assert_frames_equal(got: Rows, want: Rows) -> None:
     for key, row in want.items():
         for col, v in row.items():
             g = got[key][col]
-            ok = (g is None) if v is None else (g is not None and abs(float(g) - float(v)) <= 1e-9 * max(1.0, abs(float(v))))  # type: ignore[arg-type]
+            # ClickHouse keeps each value at its column's resolution (schemas.resolution).
+            ok = (g is None) if v is None else (g is not None and stored_as(col, float(g), float(v)))  # type: ignore[arg-type]
             if not ok:
                 bad.append((key, col, v, g))
     assert not bad, f"{len(bad)} cells differ, e.g. {bad[:5]}"

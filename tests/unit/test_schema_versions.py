@@ -3,6 +3,7 @@ date (its frames rolled up once), a newer one refused by the CLI and by a worker
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,11 @@ def test_an_unversioned_database_is_brought_up_to_date_and_its_frames_rolled_up_
     b = ChdbBackend(tmp_path / "db", DB)
     try:
         # What flopwatch wrote before versions and rollups: the base tables of then, no causes column, two frames.
-        for stmt in [f"CREATE DATABASE {DB}", ddl.gpu_frames(DB), ddl.k8s_events(DB), ddl.ingest_progress(DB),
+        # (Before version 4 the derived columns had no codec.)
+        old_frames = re.sub(rf"({'|'.join(ddl.DERIVED_COLS)}) Nullable\(Float64\) CODEC\(Gorilla, ZSTD\(1\)\)",
+                            r"\1 Nullable(Float64)", ddl.gpu_frames(DB))
+        assert old_frames.count("CODEC(Gorilla") == len(ddl.VALUE_COLS)
+        for stmt in [f"CREATE DATABASE {DB}", old_frames, ddl.k8s_events(DB), ddl.ingest_progress(DB),
                      ddl.node_progress(DB), ddl.scale_decisions(DB),
                      ddl.detections(DB).replace(", causes String", "")]:
             b.execute(stmt)
@@ -52,6 +57,8 @@ def test_an_unversioned_database_is_brought_up_to_date_and_its_frames_rolled_up_
         p = plan(b)
         assert p.found == 0 and any("ADD COLUMN causes" in s for s in p.statements)
         assert sum("INSERT INTO fwmig.gpu_rollup" in s for s in p.statements) == 2  # one fill per rollup
+        assert "ALTER TABLE fwmig.gpu_frames MODIFY COLUMN tflops Nullable(Float64) CODEC(Gorilla, ZSTD(1))" \
+            in p.statements
         ensure_schema(b)
         assert plan(b).current
         ensure_schema(b)  # again: nothing to do, nothing filled twice
@@ -60,6 +67,9 @@ def test_an_unversioned_database_is_brought_up_to_date_and_its_frames_rolled_up_
         _, cols = b.rows(f"SELECT count() FROM system.columns WHERE database = '{DB}' AND table = 'detections' "
                          "AND name = 'causes'")
         assert cols == [(1,)]
+        _, codecs = b.rows(f"SELECT name, compression_codec FROM system.columns WHERE database = '{DB}' "
+                           "AND table = 'gpu_frames' AND name IN ('tflops', 'cost_usd', 'power')")
+        assert all("Gorilla" in str(c) for _, c in codecs) and len(codecs) == 3, codecs
     finally:
         b.close()
 
