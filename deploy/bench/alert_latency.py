@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--every", type=float, default=12.0, help="seconds between drops (each GPU's drops stay "
                     "further apart than the baseline needs to settle: nodes x gpus x every >= 80 s)")
     args = ap.parse_args()
-    with live_worker("al") as (settings, consumer, _):
+    with live_worker("al") as (settings, consumer, _, _):
         scenario = parse_scenario(scenario_text(args.nodes, args.gpus, args.seconds, args.every), "alert-latency")
         params = SimParams(nodes=args.nodes, gpus=args.gpus, seed=3, start_ns=time.time_ns(), steady=True)
         pub = SimulatorPublisher(settings, params, batch_size=100, scenario=scenario)

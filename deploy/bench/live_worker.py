@@ -25,8 +25,9 @@ from agents.settings import Settings, load_settings, settings_env
 
 
 @contextmanager
-def live_worker(prefix: str) -> Iterator[tuple[Settings, Consumer, str]]:
-    """(settings, a consumer of the alerts topic from its start, the worker's log) once the worker has joined."""
+def live_worker(prefix: str) -> Iterator[tuple[Settings, Consumer, str, subprocess.Popen[bytes]]]:
+    """(settings, a consumer of the alerts topic from its start, the worker's log, its process) once the worker
+    has joined."""
     tag = uuid.uuid4().hex[:6]
     tmp = tempfile.mkdtemp()
     settings = load_settings(topic_prefix=f"{prefix}{tag}.", group_id=f"{prefix}{tag}", chdb_path=f"{tmp}/chdb",
@@ -42,7 +43,7 @@ def live_worker(prefix: str) -> Iterator[tuple[Settings, Consumer, str]]:
     consumer.subscribe([Topics(settings.topic_prefix).alerts])
     try:
         time.sleep(10.0)  # the worker joins its groups
-        yield settings, consumer, log_path
+        yield settings, consumer, log_path, worker
     finally:
         consumer.close()
         worker.terminate()

@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
     rng = random.Random(args.seed)
-    with live_worker("sl") as (settings, consumer, log_path):
+    with live_worker("sl") as (settings, consumer, log_path, _):
         scenario = parse_scenario(scenario_text(args.nodes, args.gpus, args.seconds, args.per_gpu, rng), "spike-live")
         params = SimParams(nodes=args.nodes, gpus=args.gpus, seed=args.seed, start_ns=time.time_ns(), steady=True)
         truth = [t for t in scenario.truth(params.start_ns) if t.kind == "spike"]
