@@ -11,7 +11,11 @@ script reads the alerts as they come.
 A tick closes once its node's watermark passes its end by the allowed lateness, so the
 figure that is flopwatch's own is the latency beyond that lateness; a stream sampled once per
 grid step (the 1 Hz host and clock streams) can hold the watermark up to one more step, so the
-issue's measure is the latency beyond lateness + grid. Prints one JSON object.
+issue's measure is the latency beyond lateness + grid. Each alert's path is split into hops: the
+confirming tick's frame message seen on ``flopwatch.frames`` (after the tick: the lateness wait, the
+aligner and the frame's send), the alert created (its Kafka timestamp, set by the detection agent's
+producer: the agent's poll and detection), and the alert seen here (its send and acknowledgement).
+Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import orjson
 from live_worker import live_worker  # deploy/bench/
 
 from agents.collect.simulator import SimulatorPublisher
+from agents.kafka.topics import Topics
 from schemas.alerts import decode_alert
 from streams.sim.scenario import parse_scenario
 from streams.sim.simulate import SimParams
@@ -58,7 +64,14 @@ def main() -> None:
         pub = SimulatorPublisher(settings, params, batch_size=100, scenario=scenario)
         live = threading.Thread(target=pub.live, args=(args.seconds,))
         live.start()
+        topics = Topics(settings.topic_prefix)
+        consumer.subscribe([topics.alerts, topics.frames])
+        ids: set[str] = set()
+        frame_seen: dict[tuple[str, int], int] = {}  # (node, tick) -> when its frame message was seen here
+        hops: dict[str, list[float]] = {"frame_on_kafka_after_tick": [], "agent": [], "alert_send": []}
         lat: list[float] = []
+        slowest: list[tuple[float, str, str, int, float | None]] = []  # latency, node, gpu, ts ms in s, frame
+        late_frames: list[tuple[float, int, str]] = []  # after its tick's end, the tick in s from the start, node
         onsets: list[float] = []
         want = {(t.node, t.gpu) for t in scenario.truth(params.start_ns)}
         fired = set()
@@ -68,9 +81,25 @@ def main() -> None:
             if m is None or m.error():
                 continue
             seen_ns = time.time_ns()
+            if m.topic() == topics.frames:
+                doc = orjson.loads(m.value() or b"{}")
+                frame_seen.setdefault((doc["node"], doc["tick_ns"]), seen_ns)
+                late_frames.append((round((seen_ns - doc["tick_ns"]) / 1e9 - 1, 3),
+                                    round((doc["tick_ns"] - params.start_ns) / 1e9), doc["node"]))
+                continue
             a = decode_alert(m.value() or b"")
-            if a.rule == "efficiency_drift" and a.state == "firing":
+            if a.rule == "efficiency_drift" and a.state == "firing" and a.id not in ids:
+                ids.add(a.id)  # the attributed firing follows the plain one under the same id
                 lat.append((seen_ns - a.ts_ns) / 1e9)
+                grid_ns = settings.grid_ms * 1_000_000  # the confirming tick: the one ending at or after ts
+                framed = frame_seen.get((a.node, (a.ts_ns - 1) // grid_ns * grid_ns))
+                created_ns = m.timestamp()[1] * 1_000_000
+                if framed is not None:
+                    hops["frame_on_kafka_after_tick"].append((framed - a.ts_ns) / 1e9)
+                    hops["agent"].append((created_ns - framed) / 1e9)
+                hops["alert_send"].append((seen_ns - created_ns) / 1e9)
+                slowest.append((round(lat[-1], 3), a.node, a.gpu, a.ts_ns % 1_000_000_000 // 1_000_000,
+                                None if framed is None else round((framed - a.ts_ns) / 1e9, 3)))
                 onsets.append((a.ts_ns - a.onset_ts_ns) / 1e9)
                 fired.add((a.node, a.gpu))
         live.join()
@@ -92,6 +121,11 @@ def main() -> None:
             "beyond_lateness_max_s": round(lat[-1] - lateness, 3),
             "beyond_lateness_and_grid_p99_s": q(0.99, lateness + grid),
             "event_time_onset_to_alert_median_s": round(statistics.median(onsets), 3),
+            "hops_median_s": {k: round(statistics.median(v), 3) if v else None for k, v in hops.items()},
+            "hops_max_s": {k: round(max(v), 3) if v else None for k, v in hops.items()},
+            "slowest": sorted(slowest, reverse=True)[:5],
+            "frames_after_tick_end_median_s": statistics.median(x[0] for x in late_frames) if late_frames else None,
+            "latest_frames": sorted(late_frames, reverse=True)[:8],
             "nodes": args.nodes, "gpus": args.gpus, "seconds": args.seconds}))
 
 
