@@ -53,7 +53,9 @@ class Sample:
     labels: Labels | None = None
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, though nothing changes one after decoding: the decoder makes one per Kafka message, and a frozen
+# dataclass's __init__ (object.__setattr__ per field) costs 1 us against 0.2.
+@dataclass(slots=True)
 class SampleBatch:
     """Readings of one sensor of one GPU (the batch wire form; a single sample is a batch of one)."""
 

@@ -1,0 +1,87 @@
+"""The msgspec fast path of ``decode_samples`` against the checked orjson path: on any message, mutated valid
+ones and arbitrary bytes, both give the same batch or the same reject (reason and detail)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from schemas.codec import TimeLimits, _fast, _Refused, _samples, decode_samples
+from schemas.records import Reject, SampleBatch
+
+NOW = 1_800_000_000_000_000_000
+LIMITS = TimeLimits(NOW)
+odd = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+                st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=3), st.just([]),
+                st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=2), st.integers(), max_size=1))
+good_stamp = st.integers(min_value=NOW - 86_400 * 10**9, max_value=NOW + 100 * 10**9)
+stamp = st.one_of(st.integers(min_value=NOW - 8 * 86_400 * 10**9, max_value=NOW + 400 * 10**9), odd)
+good_number = st.one_of(st.floats(min_value=0.0, max_value=100.0), st.integers(min_value=0, max_value=100))
+number = st.one_of(st.floats(min_value=-10.0, max_value=6000.0), st.integers(min_value=-5, max_value=6000), odd)
+labels = st.one_of(st.none(), st.none(), odd, st.dictionaries(
+    st.sampled_from(["pod", "rank", "pid", "workload", "region", "x"]),
+    st.one_of(st.text(max_size=3), st.integers(min_value=-3, max_value=3), odd), max_size=3))
+
+
+@st.composite
+def messages(draw: st.DrawFn) -> bytes:
+    n = draw(st.integers(min_value=0, max_value=4))
+    def mostly(good: object, *bad: object) -> object:  # a valid value four times in five
+        return draw(st.sampled_from([good] * (4 * len(bad)) + list(bad)))
+
+    doc: dict[str, Any] = {"v": mostly(1, 2, 1.0, True, "1"), "node": mostly("n0", "", 3),
+                           "gpu": mostly("0", "", None), "clock": mostly("utc", "nvml:n0", "", 5),
+                           "labels": draw(labels), "sensor": mostly("power", "gpu_util", 1)}
+    if draw(st.booleans()):
+        del doc["sensor"]  # optional, and mostly left out
+    ts, v = (good_stamp, good_number) if draw(st.booleans()) else (stamp, number)  # half all in range
+    if draw(st.booleans()):
+        doc["ts_ns"] = draw(st.lists(ts, min_size=n, max_size=n + draw(st.sampled_from([0, 0, 0, 1]))))
+        doc["value"] = draw(st.lists(v, min_size=n, max_size=n))
+    else:
+        doc["ts_ns"], doc["value"] = draw(ts), draw(v)
+    if draw(st.integers(0, 4)) == 0:
+        for key in draw(st.lists(st.sampled_from(sorted(doc)), min_size=1, max_size=2)):
+            doc.pop(key, None)  # a missing field, or two
+    raw = json.dumps(doc, separators=(",", ":")).encode()  # orjson writes no integer beyond 64 bits
+    tweak = draw(st.sampled_from([""] * 9 + ["dup", "cut", "nan"]))
+    if tweak == "dup":  # a repeated key: both parsers keep the last
+        raw = raw[:-1] + b',"node":"n9"}'
+    elif tweak == "cut":
+        raw = raw[: draw(st.integers(0, max(0, len(raw) - 1)))]
+    elif tweak == "nan":
+        raw = raw.replace(b"6000.0", b"NaN").replace(b'"v":1', b'"v":1e400')
+    return raw
+
+
+def checked(raw: bytes, sensor: str) -> SampleBatch | Reject:
+    try:
+        return _samples(raw, sensor, LIMITS)
+    except _Refused as refused:
+        return refused.reject
+
+
+@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(messages(), st.sampled_from(["power", "power", "power", "gpu_util", "xid_errors", "nope"]))
+def test_the_fast_path_and_the_checked_path_agree_on_any_message(raw: bytes, sensor: str) -> None:
+    got = decode_samples(raw, sensor, LIMITS)
+    event("accepted" if isinstance(got, SampleBatch) else got.reason.value)  # what the examples cover
+    assert got == checked(raw, sensor)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.binary(max_size=64))
+def test_they_agree_on_arbitrary_bytes(raw: bytes) -> None:
+    assert decode_samples(raw, "power", LIMITS) == checked(raw, "power")
+
+
+def test_the_fast_path_takes_ordinary_messages() -> None:
+    raw = orjson.dumps({"v": 1, "node": "n0", "gpu": "0", "ts_ns": [NOW, NOW + 1], "value": [1, 2.5],
+                        "labels": {"pod": "p", "rank": 0, "other": [1]}})
+    fast = _fast(raw, "power", LIMITS)
+    assert fast is not None and fast == checked(raw, "power")
+    assert list(fast.value) == [1.0, 2.5] and fast.labels == {"pod": "p", "rank": 0}
