@@ -162,7 +162,8 @@ _RAW_LABELS: dict[bytes, Labels | None] = {}
 def decode_samples(raw: bytes, sensor: str, limits: TimeLimits | None = None) -> SampleBatch | Reject:
     """Decode one ``sensors.<sensor>`` message, single or batch form, into a batch."""
     try:
-        return _fast(raw, sensor, limits) or _samples(raw, sensor, limits)
+        fast = _fast(raw, sensor, limits)  # not `or`: a batch's truth is its __len__, a call per message
+        return fast if fast is not None else _samples(raw, sensor, limits)
     except _Refused as refused:
         return refused.reject
 

@@ -47,19 +47,6 @@ rm -rf "$work/chdb"
 "$spy" record --rate 250 --format raw --output "$work/stacks.txt" -- \
   "$py" -m agents.cli.main worker --runtime plain --exit-when-idle 3 --progress json 2>"$work/worker.log" >&2 \
   || { tail -20 "$work/worker.log" >&2; exit 1; }
-"$py" - "$work/stacks.txt" "${out%.svg}.txt" <<'PY'
-import collections, sys
-own, total = collections.Counter(), 0
-for line in open(sys.argv[1]):
-    stack, _, n = line.rstrip().rpartition(" ")
-    if not n.isdigit():
-        continue
-    total += int(n)
-    own[stack.split(";")[-1]] += int(n)
-with open(sys.argv[2], "w") as f:
-    f.write(f"# samples: {total} (py-spy --rate 250, active threads); self time by function\n")
-    for fn, n in own.most_common(25):
-        f.write(f"{100 * n / total:5.1f}%  {fn}\n")
-PY
+"$py" deploy/bench/stacks.py "$work/stacks.txt" "${out%.svg}.txt" --rate 250 >/dev/null
 cat "${out%.svg}.txt" >&2
 echo "$out"

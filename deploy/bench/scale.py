@@ -1,6 +1,6 @@
 """Scale curve: the default worker live at growing cluster sizes; its CPU per GPU-hour, peak RSS and alert latency.
 
-    python deploy/bench/scale.py [--sizes 64,256,1024] [--hz 1,10] [--seconds 100] [--step 0.25]
+    python deploy/bench/scale.py [--sizes 64,256,1024] [--hz 1,10] [--seconds 100] [--step 0.25] [--profile]
 
 Needs Kafka (FLOPWATCH_KAFKA_BOOTSTRAP; ``deploy/services.sh start``). For each size (GPUs, 8 per node) and
 sampling rate of the NVML/DCGM and framework streams, a fresh default ``flopwatch worker`` (Faust runtime,
@@ -14,6 +14,8 @@ in ``alert_latency.py``: from the end of the confirming tick to the alert on Kaf
 allowed lateness and grid. The publisher shares this 2-core machine: its lag (how far behind real time a
 step finished, at most) is printed so a run it could not keep up with is seen for what it is.
 Prints one JSON object per run and a summary with the cost per GPU relative to the smallest size.
+``--profile`` (py-spy, the ``bench`` extra) also samples the worker over the steady part and writes where its
+time goes to ``build/flamegraphs/worker-live-<gpus>x<hz>hz.txt`` (deploy/bench/stacks.py).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from alert_latency import scenario_text  # deploy/bench/
 from live_worker import live_worker  # deploy/bench/
+from stacks import summarize  # deploy/bench/
 
 from agents.collect.simulator import PublishStats, SimulatorPublisher
 from schemas.alerts import decode_alert
@@ -42,6 +45,8 @@ from streams.sim.simulate import SimParams
 
 S = 1_000_000_000
 GPUS_PER_NODE = 8
+ROOT = Path(__file__).resolve().parents[2]
+PROFILE_RATE = 100
 TICK_S = os.sysconf("SC_CLK_TCK")
 
 
@@ -58,7 +63,7 @@ def peak_rss_mib(pid: int) -> float:
     raise RuntimeError(f"no VmHWM for process {pid}")
 
 
-def run(gpus: int, hz: int, seconds: float, step_s: float) -> dict[str, Any]:
+def run(gpus: int, hz: int, seconds: float, step_s: float, profile: bool = False) -> dict[str, Any]:
     nodes = max(1, gpus // GPUS_PER_NODE)
     period = S // hz
     with live_worker("sc") as (settings, consumer, _, worker):
@@ -74,6 +79,8 @@ def run(gpus: int, hz: int, seconds: float, step_s: float) -> dict[str, Any]:
         live = threading.Thread(target=pub.live, args=(seconds,), kwargs={"step_s": step_s, "on_step": on_step})
         t0 = time.monotonic()
         live.start()
+        stacks = ROOT / "build" / "flamegraphs" / f"worker-live-{gpus}x{hz}hz.stacks"
+        spy: subprocess.Popen[bytes] | None = None
         lat: list[float] = []
         fired: set[str] = set()
         cpu0: tuple[float, float] | None = None
@@ -82,6 +89,11 @@ def run(gpus: int, hz: int, seconds: float, step_s: float) -> dict[str, Any]:
             now = time.monotonic()
             if cpu0 is None and now - t0 >= 20:
                 cpu0 = (now, cpu_s(worker.pid))
+                if profile:
+                    spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "-p",
+                                            str(worker.pid), "-d", str(max(5, int(seconds - 25))), "-r",
+                                            str(PROFILE_RATE), "-f", "raw", "-o", str(stacks), "--nonblocking"],
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             if cpu1 is None and not live.is_alive():
                 cpu1 = (now, cpu_s(worker.pid))
             m = consumer.poll(0.05)
@@ -94,6 +106,9 @@ def run(gpus: int, hz: int, seconds: float, step_s: float) -> dict[str, Any]:
                 lat.append((seen_ns - a.ts_ns) / S)
         live.join()
         rss = peak_rss_mib(worker.pid)
+        if spy is not None:
+            spy.wait(60)
+            summarize(stacks, stacks.with_suffix(".txt"), PROFILE_RATE)
         assert cpu0 is not None and cpu1 is not None
         wall, cpu = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
         lat.sort()
@@ -120,11 +135,12 @@ def main() -> None:
     ap.add_argument("--hz", default="1,10", help="sampling rates of the NVML/DCGM and framework streams")
     ap.add_argument("--seconds", type=float, default=100.0)
     ap.add_argument("--step", type=float, default=0.25, help="seconds between the publisher's flushes")
+    ap.add_argument("--profile", action="store_true", help="py-spy the worker over each run's steady part")
     args = ap.parse_args()
     out = []
     for hz in (int(h) for h in args.hz.split(",")):
         for gpus in (int(g) for g in args.sizes.split(",")):
-            r = run(gpus, hz, args.seconds, args.step)
+            r = run(gpus, hz, args.seconds, args.step, args.profile)
             print(json.dumps(r), flush=True)
             out.append(r)
             subprocess.run(["sync"], check=False)
