@@ -94,28 +94,22 @@ def _int(obj: dict[str, Any], key: str) -> int:
     return val
 
 
-# Validated labels by their raw items: producers repeat a series' labels on every
-# message, and a lookup is cheaper than re-validating. Cleared when it grows large.
-_LABEL_CACHE: dict[tuple[tuple[str, Any], ...], Labels] = {}
+# Validated labels by their raw JSON (the fast path's key): producers repeat a series' labels on every
+# message, and a lookup is cheaper than re-validating. Cleared when it grows large. The checked path,
+# which only messages the fast one refused take, validates afresh.
+_LABELS_BY_RAW: dict[bytes, Labels | None] = {}
 _LABEL_CACHE_MAX: Final = 65_536
 
 
 def _labels(obj: dict[str, Any]) -> Labels | None:
-    return _labels_of(obj.get("labels"))
+    return _valid_labels(obj.get("labels"))
 
 
-def _labels_of(raw: Any) -> Labels | None:
+def _valid_labels(raw: Any) -> Labels | None:
     if raw is None:
         return None
     if type(raw) is not dict:
         raise _Refused(R.WRONG_TYPE, "labels must be an object")
-    try:
-        items = tuple(raw.items())
-        cached = _LABEL_CACHE.get(items)
-    except TypeError:  # an unhashable value (a list): validation below says what is wrong
-        items, cached = (), None
-    if cached is not None:
-        return cached
     out: Labels = {}
     for key, val in raw.items():
         if key not in LABEL_COLUMNS:
@@ -124,11 +118,20 @@ def _labels_of(raw: Any) -> Labels | None:
         if type(val) is not want:
             raise _Refused(R.WRONG_TYPE, f"labels.{key} must be {want.__name__}")
         out[key] = val
-    if items:
-        if len(_LABEL_CACHE) >= _LABEL_CACHE_MAX:
-            _LABEL_CACHE.clear()
-        _LABEL_CACHE[items] = out
     return out
+
+
+def _labels_of_raw(raw: bytes) -> Labels | None:
+    """The labels of a message by their raw JSON (``null`` when absent), validated once per distinct text."""
+    try:
+        return _LABELS_BY_RAW[raw]
+    except KeyError:
+        pass
+    labels = _valid_labels(orjson.loads(raw))
+    if len(_LABELS_BY_RAW) >= _LABEL_CACHE_MAX:
+        _LABELS_BY_RAW.clear()
+    _LABELS_BY_RAW[raw] = labels
+    return labels
 
 
 def _check_times(lo: int, hi: int, clock: str, limits: TimeLimits | None) -> None:
@@ -156,7 +159,6 @@ class _Wire(msgspec.Struct):
 
 
 _WIRE: Final = msgspec.json.Decoder(_Wire)
-_RAW_LABELS: dict[bytes, Labels | None] = {}
 
 
 def decode_samples(raw: bytes, sensor: str, limits: TimeLimits | None = None) -> SampleBatch | Reject:
@@ -175,11 +177,13 @@ def _fast(raw: bytes, sensor: str, limits: TimeLimits | None) -> SampleBatch | N
     integers go, numbers beyond a double) and takes duplicate keys as orjson does (the last).
     """
     spec = BY_NAME.get(sensor)
+    if spec is None:
+        return None
     try:
         w = _WIRE.decode(raw)
     except msgspec.DecodeError:
         return None
-    if spec is None or w.v != WIRE_VERSION or not w.node or not w.gpu or not w.clock \
+    if w.v != WIRE_VERSION or not w.node or not w.gpu or not w.clock \
             or (w.sensor is not None and w.sensor != sensor):
         return None
     values, stamps = w.value, w.ts_ns
@@ -198,20 +202,11 @@ def _fast(raw: bytes, sensor: str, limits: TimeLimits | None) -> SampleBatch | N
     # No NaN can come through JSON, so min and max bound every value.
     if min(values) < spec.lo or max(values) > spec.hi:
         return None
-    if limits is not None and w.clock == UTC_CLOCK and (
-            lo < limits.now_ns - limits.max_age_ns or hi > limits.now_ns + limits.max_future_ns):
+    try:
+        _check_times(lo, hi, w.clock, limits)
+        labels = _labels_of_raw(bytes(w.labels))
+    except _Refused:
         return None
-    raw_labels = bytes(w.labels)
-    if raw_labels in _RAW_LABELS:
-        labels = _RAW_LABELS[raw_labels]
-    else:
-        try:
-            labels = _labels_of(orjson.loads(raw_labels))
-        except _Refused:
-            return None
-        if len(_RAW_LABELS) >= _LABEL_CACHE_MAX:
-            _RAW_LABELS.clear()
-        _RAW_LABELS[raw_labels] = labels
     return SampleBatch(sensor, w.node, w.gpu, packed_ts, array("d", values), w.clock,
                        labels, lo, hi)
 

@@ -143,7 +143,6 @@ def main() -> None:
             r = run(gpus, hz, args.seconds, args.step, args.profile)
             print(json.dumps(r), flush=True)
             out.append(r)
-            subprocess.run(["sync"], check=False)
     for hz in {r["hz"] for r in out}:
         rows = [r for r in out if r["hz"] == hz]
         base = rows[0]["cpu_s_per_gpu_hour"]
