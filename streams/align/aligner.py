@@ -37,8 +37,9 @@ from schemas.records import Labels
 from streams.align.aggregate import F64, I64, Frame, FrameBatch, aggregate
 from streams.align.correction import Correction, to_utc
 from streams.align.grid import Advance, AlignParams, LateSamples, Recovered
+from streams.align.open_samples import OpenSamples, Rows
 from streams.align.registry import StreamRegistry
-from streams.align.watermark import NO_TS, BoolArr, Fronts, close_before
+from streams.align.watermark import NO_TS, BoolArr, Fronts, cap_open, close_before
 
 __all__ = [
     "COUNT_COLUMNS",
@@ -99,14 +100,7 @@ class GridAligner:
         self._p_fix: list[tuple[int, Correction]] = []  # (message index, its clock correction)
         self._late_store: list[LateSamples] = []  # late samples found outside advance()
         self._held: tuple[BoolArr, BoolArr] | None = None  # who held at the last advance
-        # Samples of open cells.
-        self._o_sid: I64 = _empty_i64()
-        self._o_tick: I64 = _empty_i64()
-        self._o_ts: I64 = _empty_i64()
-        self._o_v: F64 = _empty_f64()
-        self._o_src: I64 = _empty_i64()
-        self._o_pos: I64 = _empty_i64()
-        self._o_unc: I64 = _empty_i64()
+        self._open = OpenSamples()  # samples of open cells
 
     # -- input ---------------------------------------------------------------------------
     def _node_id(self, node: str) -> int:
@@ -201,13 +195,7 @@ class GridAligner:
             ts, v, sid, src, pos, tick = ts[keep], v[keep], sid[keep], src[keep], pos[keep], tick[keep]
             unc = unc[keep]
         fronts.placed(sid, src, ts)
-        self._o_sid = np.concatenate((self._o_sid, sid))
-        self._o_tick = np.concatenate((self._o_tick, tick))
-        self._o_ts = np.concatenate((self._o_ts, ts))
-        self._o_v = np.concatenate((self._o_v, v))
-        self._o_src = np.concatenate((self._o_src, src))
-        self._o_pos = np.concatenate((self._o_pos, pos))
-        self._o_unc = np.concatenate((self._o_unc, unc))
+        self._open.add(Rows(sid, tick, ts, v, src, pos, unc, reg.arr("s_node")[sid]))
         return out
 
     # -- output --------------------------------------------------------------------------
@@ -241,13 +229,11 @@ class GridAligner:
         reg, fronts = self._reg, self._fronts
         series_held, source_held, series_quiet = fronts.holding(reg, quiet_ns, now_ns, self.params)
         self._held = series_held, source_held
-        if not len(self._o_sid):
+        if not len(self._open):
             return Advance(self._empty_batch(), late)
         nodes = len(reg.node_names)
         s_node = reg.arr("s_node")
-        row_node = s_node[self._o_sid]
-        newest_tick = np.full(nodes, NO_TS, np.int64)
-        np.maximum.at(newest_tick, row_node, self._o_tick)
+        newest_tick = self._open.newest_ticks(nodes, NO_TS)
         wms = fronts.watermarks(reg, series_held, source_held, self.params.allowed_lateness_ns)
         # A node is idle when all its series have been quiet for the bound and no source
         # still holds from behind (its part of a burst may yet bring this node's samples).
@@ -256,35 +242,30 @@ class GridAligner:
         np.minimum.at(least_quiet, s_node[seen], series_quiet[seen])
         may_idle = source_hold_ns is None and not (source_held & fronts.source_quiet.is_behind()).any()
         close = close_before(self.params, np.array(reg.node_closed, np.int64), newest_tick, wms, least_quiet,
-                             may_idle, source_hold_ns, self._o_tick, row_node)
-        return Advance(self._close(close, row_node), late)
+                             may_idle, source_hold_ns)
+        if len(self._open) > self.params.max_open_samples:
+            rows = self._open.rows()
+            close = cap_open(self.params.max_open_samples, close, rows.tick, rows.node)
+        return Advance(self._close(close), late)
 
     def flush_all(self) -> Advance:
         """Close every open cell (shutdown of a run whose input has ended)."""
         late = self._late_store + self._take_pending()
         self._late_store = []
-        if not len(self._o_sid):
+        if not len(self._open):
             return Advance(self._empty_batch(), late)
-        row_node = self._reg.arr("s_node")[self._o_sid]
         close = np.array(self._reg.node_closed, np.int64)
-        newest_tick = np.full(len(close), NO_TS, np.int64)
-        np.maximum.at(newest_tick, row_node, self._o_tick)
+        newest_tick = self._open.newest_ticks(len(close), NO_TS)
         close = np.maximum(close, newest_tick + 1)
-        return Advance(self._close(close, row_node), late)
+        return Advance(self._close(close), late)
 
-    def _close(self, close: I64, row_node: I64) -> FrameBatch:
+    def _close(self, close: I64) -> FrameBatch:
         reg = self._reg
         reg.node_closed = [max(a, b) for a, b in zip(reg.node_closed, close.tolist(), strict=True)]
-        done = self._o_tick < close[row_node]
-        if not done.any():
+        done = self._open.take_done(close)
+        if not len(done):
             return self._empty_batch()
-        keep = ~done
-        sid, tick, ts, v = self._o_sid[done], self._o_tick[done], self._o_ts[done], self._o_v[done]
-        unc = self._o_unc[done]
-        self._o_sid, self._o_tick, self._o_ts = self._o_sid[keep], self._o_tick[keep], self._o_ts[keep]
-        self._o_v, self._o_src, self._o_pos = self._o_v[keep], self._o_src[keep], self._o_pos[keep]
-        self._o_unc = self._o_unc[keep]
-        return self._aggregate(sid, tick, ts, v, unc)
+        return self._aggregate(done.sid, done.tick, done.ts, done.v, done.unc)
 
     def _empty_batch(self) -> FrameBatch:
         return FrameBatch(_empty_i64(), [], [], [], {c: _empty_f64() for c in VALUE_COLUMNS},
@@ -300,9 +281,8 @@ class GridAligner:
     def oldest_positions(self) -> dict[Hashable, int]:
         """Per source, the oldest position an open cell (or unplaced input) still depends on."""
         out: dict[Hashable, int] = {}
-        if len(self._o_src):
-            low = np.full(len(self._reg.source_keys), np.iinfo(np.int64).max, np.int64)
-            np.minimum.at(low, self._o_src, self._o_pos)
+        if len(self._open):
+            low = self._open.oldest_positions(len(self._reg.source_keys))
             for i, pos in enumerate(low.tolist()):
                 if pos != np.iinfo(np.int64).max:
                     out[self._reg.source_keys[i]] = pos
@@ -319,17 +299,21 @@ class GridAligner:
         return {n: (c - 1) * self._grid for n, c in zip(reg.node_names, reg.node_closed, strict=True) if c != NO_TS}
 
     def open_cells(self) -> int:
-        if not len(self._o_sid):
+        if not len(self._open):
             return 0
-        pairs = self._reg.arr("s_pair")[self._o_sid]
-        base = int(self._o_tick.min())
-        span = int(self._o_tick.max()) - base + 1
-        return len(np.unique(pairs * span + (self._o_tick - base)))
+        rows = self._open.rows()
+        pairs = self._reg.arr("s_pair")[rows.sid]
+        base = int(rows.tick.min())
+        span = int(rows.tick.max()) - base + 1
+        return len(np.unique(pairs * span + (rows.tick - base)))
+
+    def open_samples(self) -> int:
+        return len(self._open)
 
     def snapshot(self) -> AlignerState:
         self._take_pending_keep_late()
         registry = {k: copy.deepcopy(getattr(self, k)) for k in _REGISTRY}
-        rows = {k: getattr(self, k).copy() for k in _ROWS}
+        rows = {k: a.copy() for k, a in self._open.rows().columns().items()}
         return AlignerState(self.params, self._recovered, registry, rows)
 
     @classmethod
@@ -337,10 +321,8 @@ class GridAligner:
         aligner = cls(state.params, state.recovered)
         for k, val in state.registry.items():
             setattr(aligner, k, copy.deepcopy(val))
-        for k, arr in state.open_rows.items():
-            setattr(aligner, k, arr.copy())
+        aligner._open = OpenSamples.of(Rows(**{k: a.copy() for k, a in state.open_rows.items()}))
         return aligner
 
 
 _REGISTRY: Final = ("_late_store", "_reg", "_fronts")
-_ROWS: Final = ("_o_sid", "_o_tick", "_o_ts", "_o_v", "_o_src", "_o_pos", "_o_unc")

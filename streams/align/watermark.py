@@ -130,12 +130,12 @@ class Fronts:
 
 
 def close_before(params: AlignParams, closed: I64, newest_tick: I64, wms: Mapping[int, int], least_quiet: I64,
-                 may_idle: bool, source_hold_ns: int | None, open_tick: I64, row_node: I64) -> I64:
+                 may_idle: bool, source_hold_ns: int | None) -> I64:
     """Per node, the tick below which its cells close now.
 
     ``closed``: what is final already; ``newest_tick``: each node's newest open tick; ``wms``: the
     watermarks; ``least_quiet``: how long each node's least quiet series has been quiet; ``may_idle``:
-    whether a quiet node may have its cells written; ``open_tick``/``row_node``: the open samples.
+    whether a quiet node may have its cells written.
     """
     close = closed.copy()
     grid = params.grid_ns
@@ -153,10 +153,15 @@ def close_before(params: AlignParams, closed: I64, newest_tick: I64, wms: Mappin
         # Bounded memory: a node cannot hold more open ticks than the cap, whatever its input.
         c = max(c, int(newest_tick[nid]) + 1 - params.max_open_ticks)
         close[nid] = c
-    excess = len(open_tick) - params.max_open_samples
+    return close
+
+
+def cap_open(max_open_samples: int, close: I64, open_tick: I64, row_node: I64) -> I64:
+    """``close`` raised so that at most ``max_open_samples`` of the open samples (their ticks and
+    nodes) stay open: bounded memory whatever the input rate or the skew. The oldest ticks of
+    all nodes close until the rest fit; stragglers for them become late."""
+    excess = len(open_tick) - max_open_samples
     if excess > 0:
-        # Bounded memory whatever the input rate or the skew: the oldest ticks of all
-        # nodes close until the open samples fit again; stragglers for them become late.
         oldest_kept = int(np.partition(open_tick, excess)[excess])
         close = np.maximum(close, oldest_kept)
         if (open_tick < close[row_node]).sum() < excess:
