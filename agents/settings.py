@@ -7,7 +7,6 @@ over the file. Secrets are ``Secret`` objects whose repr never shows the value.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import tomllib
 import typing
@@ -16,6 +15,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
 
+from agents.settings_values import Secret, SettingsError, convert
 from schemas.cluster import alt_hosts, check_cluster
 from schemas.rollups import RETENTION_DAYS as ROLLUP_RETENTION_DAYS
 from schemas.tiers import Tiering
@@ -28,6 +28,8 @@ from streams.detect.spike_rule import SPIKE_THRESHOLDS
 from streams.leaks.params import LeakParams, parse_leak_policy
 from streams.policy.tables import PolicyError
 
+__all__ = ["ENV_PREFIX", "Secret", "Settings", "SettingsError", "load_settings", "settings_env"]
+
 ENV_PREFIX = "FLOPWATCH_"
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
@@ -35,36 +37,6 @@ Backend = Literal["chdb", "native"]
 # The pure parameters' own defaults: the options below restate none of them.
 _ALIGN: Final = AlignParams()
 _DRIFT: Final = DriftParams()
-
-
-class Secret:
-    """A credential: compares and reads like a string only through ``get()``."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def get(self) -> str:
-        return self._value
-
-    def __bool__(self) -> bool:
-        return bool(self._value)
-
-    def __repr__(self) -> str:
-        return "Secret('****')" if self._value else "Secret('')"
-
-    __str__ = __repr__
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Secret) and other._value == self._value
-
-    def __hash__(self) -> int:
-        return hash(self._value)
-
-
-class SettingsError(ValueError):
-    """A setting is missing, unknown or has a value of the wrong kind."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,38 +250,6 @@ def _policy(option: str, path: str, parse: Callable[[Mapping[str, Any], str], _P
         raise SettingsError(str(exc)) from None
 
 
-def _convert(name: str, hint: Any, raw: Any) -> Any:
-    if hint is Secret:
-        return raw if isinstance(raw, Secret) else Secret(str(raw))
-    if typing.get_origin(hint) is Literal:
-        allowed = typing.get_args(hint)
-        if raw not in allowed:
-            raise SettingsError(f"{name}={raw!r}: expected one of {', '.join(map(str, allowed))}")
-        return raw
-    try:
-        if hint is bool:
-            if isinstance(raw, bool):
-                return raw
-            low = str(raw).strip().lower()
-            if low not in {"1", "0", "true", "false", "yes", "no", "on", "off"}:
-                raise ValueError(raw)
-            return low in {"1", "true", "yes", "on"}
-        if hint is int:
-            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
-                raise ValueError(raw)  # a TOML true or 2.9 is a mistake, not a 1 or a 2
-            return int(raw)
-        if hint is float:
-            if isinstance(raw, bool):
-                raise ValueError(raw)
-            val = float(raw)
-            if not math.isfinite(val):
-                raise ValueError(raw)
-            return val
-    except (TypeError, ValueError):
-        raise SettingsError(f"{name}={raw!r}: expected {hint.__name__}") from None
-    return str(raw)
-
-
 def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path | None = None,
                   **overrides: Any) -> Settings:
     """Build settings from (lowest to highest) defaults, the TOML file, the environment, overrides."""
@@ -341,7 +281,7 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path 
     unknown = set(values) - known
     if unknown:
         raise SettingsError(f"unknown setting(s): {', '.join(sorted(unknown))}")
-    converted = {k: _convert(k, hints[k], v) for k, v in values.items()}
+    converted = {k: convert(k, hints[k], v) for k, v in values.items()}
     settings = Settings(**converted)
     try:
         settings.align_params()  # validates the grid and lateness now, not at first use
