@@ -195,7 +195,7 @@ ROOMS: dict[str, set[str]] = {
     "agents.decide": {"agents.settings", "agents.kafka", "agents.runtime", "agents.sinks"},
     "agents.livepage": {"agents.sinks"},
 }
-AGENTS_TOP = {"agents.app", "agents.settings", "agents.metrics", "agents.web"}
+AGENTS_TOP = {"agents.app", "agents.settings", "agents.settings_values", "agents.metrics", "agents.web"}
 
 
 def _room(name: str) -> str:
