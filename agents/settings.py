@@ -104,6 +104,9 @@ class Settings:
     """A topic-partition or series that fell behind holds the watermark until it has been quiet this
     long while Kafka confirmed it caught up; a node quiet this long has its cells written
     (``streams.align.holds``); FLOPWATCH_SOURCE_IDLE_S."""
+    step_idle_s: float = _ALIGN.step_idle_ns / 1e9
+    """The same bound for a live node's per-step streams (torch, NCCL, dataloader), which pause with
+    their job (``streams.align.steps``); FLOPWATCH_STEP_IDLE_S."""
     max_age_s: float = 7 * 86400.0
     """UTC samples older than this are rejected ``too_old``; FLOPWATCH_MAX_AGE_S."""
     frames_retention_days: int = 400
@@ -211,6 +214,7 @@ class Settings:
             grid_ns=self.grid_ms * 1_000_000,
             allowed_lateness_ns=self.lateness_ms * 1_000_000,
             idle_ns=int(self.source_idle_s * 1e9),
+            step_idle_ns=int(self.step_idle_s * 1e9),
         )
 
     def detect_params(self) -> DetectParams:
@@ -320,8 +324,8 @@ _RETIRED = {
 }
 
 _POSITIVE = ("partitions", "replication", "flush_interval_ms", "flush_rows", "max_poll_records", "grid_ms",
-             "source_idle_s", "max_age_s", "max_future_s", "clickhouse_port", "clock_wait_s", "frames_retention_days",
-             "rollup_1m_retention_days", "rollup_1h_retention_days", "hot_days")
+             "source_idle_s", "step_idle_s", "max_age_s", "max_future_s", "clickhouse_port", "clock_wait_s",
+             "frames_retention_days", "rollup_1m_retention_days", "rollup_1h_retention_days", "hot_days")
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

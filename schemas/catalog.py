@@ -11,6 +11,9 @@ from typing import Final, Literal
 
 Kind = Literal["gauge", "counter", "event"]
 Scope = Literal["gpu", "host"]
+# When a stream delivers: on a sampling clock, or once per training step (or collective), so that it
+# pauses whenever the job does (warm-up, checkpoint, restart). The aligner's holds rule tells them apart.
+Cadence = Literal["clock", "step"]
 # How a grid cell summarises its samples. ``increase`` handles counter resets;
 # ``last_nonzero``/``count`` keep an event stream's latest code and how many fired.
 Agg = Literal["mean", "max", "last", "increase", "last_nonzero", "count"]
@@ -31,6 +34,7 @@ class Sensor:
     lo: float
     hi: float
     scope: Scope = "gpu"
+    cadence: Cadence = "clock"
 
     @property
     def topic(self) -> str:
@@ -55,8 +59,8 @@ _HOUR_MS: Final = 3_600_000.0
 
 
 def _s(index: int, name: str, unit: str, kind: Kind, source: str, aggs: tuple[Agg, ...],
-       lo: float, hi: float, scope: Scope = "gpu") -> Sensor:
-    return Sensor(index, name, unit, kind, source, aggs, lo, hi, scope)
+       lo: float, hi: float, scope: Scope = "gpu", cadence: Cadence = "clock") -> Sensor:
+    return Sensor(index, name, unit, kind, source, aggs, lo, hi, scope, cadence)
 
 
 CATALOG: Final[tuple[Sensor, ...]] = (
@@ -73,11 +77,15 @@ CATALOG: Final[tuple[Sensor, ...]] = (
     _s(10, "nvlink_rx", "B/s", "gauge", "DCGM_FI_PROF_NVLINK_RX_BYTES", ("mean",), 0, _MAX_BYTES_PER_S),
     _s(11, "ecc_errors", "count", "counter", "DCGM_FI_DEV_ECC_SBE/DBE_VOL_TOTAL", ("increase", "last"), 0, 2.0**53),
     _s(12, "xid_errors", "code", "event", "DCGM_FI_DEV_XID_ERRORS", ("last_nonzero", "count"), 0, 65535),
-    _s(13, "torch_allocated", "B", "gauge", "torch.cuda.memory_allocated (per rank)", ("last",), 0, 4 * _TIB),
-    _s(14, "torch_reserved", "B", "gauge", "torch.cuda.memory_reserved (per rank)", ("last",), 0, 4 * _TIB),
-    _s(15, "nccl_allreduce_ms", "ms", "gauge", "NCCL / profiler, per collective", ("mean", "max"), 0, _HOUR_MS),
-    _s(16, "nccl_retries", "count", "counter", "NCCL retransmits", ("increase", "last"), 0, 2.0**53),
-    _s(17, "dataloader_wait_ms", "ms", "gauge", "framework, per step", ("mean",), 0, _HOUR_MS),
+    _s(13, "torch_allocated", "B", "gauge", "torch.cuda.memory_allocated (per rank)", ("last",), 0, 4 * _TIB,
+       cadence="step"),
+    _s(14, "torch_reserved", "B", "gauge", "torch.cuda.memory_reserved (per rank)", ("last",), 0, 4 * _TIB,
+       cadence="step"),
+    _s(15, "nccl_allreduce_ms", "ms", "gauge", "NCCL / profiler, per collective", ("mean", "max"), 0, _HOUR_MS,
+       cadence="step"),
+    _s(16, "nccl_retries", "count", "counter", "NCCL retransmits", ("increase", "last"), 0, 2.0**53,
+       cadence="step"),
+    _s(17, "dataloader_wait_ms", "ms", "gauge", "framework, per step", ("mean",), 0, _HOUR_MS, cadence="step"),
     _s(18, "queue_depth", "requests", "gauge", "inference server (e.g. Triton)", ("max",), 0, 1e9),
     _s(19, "request_rate", "req/s", "gauge", "inference server", ("mean",), 0, 1e9),
     _s(20, "request_latency_ms", "ms", "gauge", "inference server (p99)", ("max",), 0, _HOUR_MS),

@@ -305,6 +305,10 @@ class IngestCore:
         if late.why == "disorder":
             why = (f"they are older than their series' newest sample by more than the allowed lateness "
                    f"({self.settings.lateness_ms} ms)")
+        elif CATALOG[si].cadence == "step":  # streams.align.steps: the short bound on a live node
+            why = (f"they arrived after their per-step topic or series had fallen behind and been quiet for "
+                   f"{self.settings.step_idle_s:g} s (FLOPWATCH_STEP_IDLE_S; {self.settings.source_idle_s:g} s, "
+                   f"FLOPWATCH_SOURCE_IDLE_S, in a backlog or burst) while the others moved on")
         else:
             why = (f"they arrived after their topic or series had fallen behind and been quiet for "
                    f"{self.settings.source_idle_s:g} s (FLOPWATCH_SOURCE_IDLE_S) while the others moved on")

@@ -19,14 +19,15 @@ class AlignParams:
     grid_ns: int = 1_000_000_000
     allowed_lateness_ns: int = 2_000_000_000
     idle_ns: int = 15_000_000_000  # quiet time after which a stream that fell behind stops holding
+    step_idle_ns: int = 500_000_000  # the same for a per-step stream, which pauses with its job
     max_open_ticks: int = 3_600
     max_open_samples: int = 4_000_000  # ~200 MB of open samples; beyond it the oldest ticks close
 
     def __post_init__(self) -> None:
         if not 100_000_000 <= self.grid_ns <= 60_000_000_000:
             raise ValueError("grid_ns must be between 100 ms and 60 s")
-        if self.allowed_lateness_ns < 0 or self.idle_ns <= 0:
-            raise ValueError("lateness must be >= 0 and the idle bound > 0")
+        if self.allowed_lateness_ns < 0 or self.idle_ns <= 0 or self.step_idle_ns <= 0:
+            raise ValueError("lateness must be >= 0 and the idle bounds > 0")
         if self.max_open_ticks < 1 or self.max_open_samples < 1:
             raise ValueError("max_open_ticks and max_open_samples must be >= 1")
 

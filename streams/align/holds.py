@@ -31,6 +31,21 @@ burst can move a topic minutes ahead in one fetch. A dead GPU, a stream a collec
 stopped sending and the 17 topics a small collector never uses fall behind and count
 as idle after ``idle_ns`` of confirmed-quiet time; that is the bound's price.
 
+Per-step streams
+----------------
+The framework's streams (torch memory, NCCL collectives, the dataloader wait: the catalog's
+``cadence="step"``) deliver once per training step, and a job pauses its steps for a
+warm-up, a checkpoint or a pod restart: tens of seconds in which the GPU's clocked streams
+go on. Such a pause is not lateness, and holding the node through it for the idle bound
+would delay every frame of the node by as much. So a per-step stream falls behind as soon
+as a peer is newer (no margin) and holds only until quiet for the short ``step_idle_ns``.
+What that costs is a burst's guarantee, which for such a stream becomes: its part of a
+burst lands within ``step_idle_ns`` (of quiet-clock time) of the burst's first delivery.
+A burst is told from a pause by the rest before it: a delivery to the stream's group (its
+node's series; for a source, all sources) after the group was quiet for ``step_idle_ns``
+*resumes* the group and restarts the timer of each of its per-step streams. A node's
+newest stream always holds, so a node with only per-step streams still has a watermark.
+
 The same clock decides the tail: a node whose series have all been quiet for
 ``idle_ns`` (and no source is still holding behind) has its open cells written.
 """
@@ -80,9 +95,10 @@ class QuietStreams:
         """``ids`` delivered input; ``quiet_now`` is each stream's quiet-clock reading (by stream)."""
         self.last[ids] = quiet_now[ids]
 
-    def holding(self, front: I64, peer_newest: I64, quiet_now: I64, idle_ns: int,
-                margin_ns: int = 0) -> npt.NDArray[np.bool_]:
-        """Which streams hold now; notes the moment each one fell behind (all arrays by stream).
+    def holding(self, front: I64, peer_newest: I64, quiet_now: I64, idle_ns: int | I64,
+                margin_ns: int | I64 = 0) -> npt.NDArray[np.bool_]:
+        """Which streams hold now; notes the moment each one fell behind (all arrays by stream;
+        the bounds may be too).
 
         Behind means more than ``margin_ns`` behind: streams at rest after a burst end a
         sample period or so apart, and that must not start their timers.
@@ -96,6 +112,10 @@ class QuietStreams:
         quiet = quiet_now - np.maximum(self.last, self.behind)
         held: npt.NDArray[np.bool_] = ~behind | (quiet < idle_ns)
         return held
+
+    def restart(self, ids: npt.NDArray[np.bool_], quiet_now: I64) -> None:
+        """Streams ``ids`` count as having fallen behind just now, if they are behind at the next ``holding``."""
+        self.behind[ids] = quiet_now[ids]
 
     def is_behind(self) -> npt.NDArray[np.bool_]:
         """Which streams were behind at the last ``holding``."""
@@ -111,3 +131,4 @@ class QuietStreams:
 
     def restore(self, state: tuple[I64, I64]) -> None:
         self.last, self.behind = state[0].copy(), state[1].copy()
+

@@ -34,13 +34,18 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from schemas.catalog import CATALOG
 from streams.align.aggregate import I64
 from streams.align.grid import AlignParams
 from streams.align.holds import QuietStreams
 from streams.align.registry import StreamRegistry
+from streams.align.steps import StepRule
 
 NO_TS: Final = -(2**62)
 BoolArr = npt.NDArray[np.bool_]
+
+
+STEP_SENSOR: Final = np.array([s.cadence == "step" for s in CATALOG])  # by sensor index
 
 
 class Fronts:
@@ -52,6 +57,8 @@ class Fronts:
         self.src_front: I64 = np.empty(0, np.int64)  # per source, the newest first stamp of its messages
         self.src_newest: I64 = np.empty(0, np.int64)  # per source, the newest event time it delivered
         self.source_quiet = QuietStreams()
+        self.series_steps = StepRule()  # the per-step streams' rule (streams.align.steps)
+        self.source_steps = StepRule()
         # Series and sources that delivered since the last holding() (their quiet time restarts).
         self.touched_sid: list[I64] = []
         self.touched_src: list[I64] = []
@@ -95,21 +102,44 @@ class Fronts:
                          np.int64)
         sq, oq = self.series_quiet, self.source_quiet
         sq.grow(len(reg.s_src))
+        s_node, s_src = reg.arr("s_node"), reg.arr("s_src")
+        q_series = q_src[s_src] if len(reg.s_src) else np.empty(0, np.int64)
+        node_delivered = np.zeros(len(reg.node_names), bool)
+        any_delivered = bool(self.touched_sid)
         if self.touched_sid:
-            q_series = q_src[reg.arr("s_src")]
-            sq.delivered(np.concatenate(self.touched_sid), q_series)
-            oq.delivered(np.concatenate(self.touched_src), q_src)
+            sids, srcs = np.concatenate(self.touched_sid), np.concatenate(self.touched_src)
+            sq.delivered(sids, q_series)
+            oq.delivered(srcs, q_src)
+            node_delivered[s_node[sids]] = True
             self.touched_sid, self.touched_src = [], []
-        else:
-            q_series = q_src[reg.arr("s_src")] if len(reg.s_src) else np.empty(0, np.int64)
-        idle, margin = params.idle_ns, params.allowed_lateness_ns
         front = self.series_max
-        s_node = reg.arr("s_node")
         newest = np.full(len(reg.node_names), NO_TS, np.int64)
         np.maximum.at(newest, s_node, front)
-        series_held = sq.holding(front, newest[s_node], q_series, idle, margin) & (front > NO_TS)
-        peer = np.full(len(self.src_newest), self.src_newest.max(initial=NO_TS), np.int64)
+        step = STEP_SENSOR[reg.arr("s_sensor")]
+        delivered = np.zeros(len(step), bool)
+        if any_delivered:
+            delivered[sids] = True
+        # Live: the node's newest event time is within the idle bound of the wall clock (not a backlog).
+        node_live = np.abs(newest - now_ns) <= params.idle_ns
+        peer = newest[s_node]
+        idle, margin = self.series_steps.bounds(step, node_live[s_node], delivered, node_delivered[s_node], sq,
+                                                q_series, peer, params)
+        series_held = sq.holding(front, peer, q_series, idle, margin) & (front > NO_TS)
+        self.series_steps.note(sq, series_held, peer)
+        # A source that has carried only per-step series takes their rule.
+        src_step = np.zeros(len(self.src_newest), bool)
+        src_step[s_src] = True
+        src_step[s_src[~step]] = False
+        src_delivered = np.zeros(len(src_step), bool)
+        if any_delivered:
+            src_delivered[srcs] = True
+        newest_src = int(self.src_newest.max(initial=NO_TS))
+        peer = np.full(len(self.src_newest), newest_src, np.int64)
+        src_live = np.full(len(src_step), abs(newest_src - now_ns) <= params.idle_ns)
+        idle, margin = self.source_steps.bounds(src_step, src_live, src_delivered,
+                                                np.full(len(src_step), any_delivered), oq, q_src, peer, params)
         source_held = oq.holding(self.src_newest, peer, q_src, idle, margin)
+        self.source_steps.note(oq, source_held, peer)
         return series_held, source_held, sq.quiet_for(q_series)
 
     def watermarks(self, reg: StreamRegistry, series_held: BoolArr, source_held: BoolArr,

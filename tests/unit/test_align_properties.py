@@ -8,6 +8,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from schemas.catalog import CATALOG
 from streams.align.aligner import AlignParams, Frame, GridAligner
 from tests.oracle import Series, oracle
 from tests.unit.test_align import GRID, T0, as_rows, assert_same, make_samples
@@ -71,6 +72,7 @@ def test_every_sample_is_in_exactly_one_frame_or_late(seed: int, delay_s: int) -
 
 
 IDLE = 10 * GRID  # the idle bound of the burst tests
+STEP_IDLE = GRID // 2  # and that of the per-step streams
 
 
 def burst_schedule(rng: random.Random, samples: dict[Series, list[tuple[int, float]]], cuts: list[int],
@@ -94,37 +96,42 @@ def burst_schedule(rng: random.Random, samples: dict[Series, list[tuple[int, flo
 @given(seed=st.integers(0, 100_000), bursts=st.integers(1, 4), chunk=st.sampled_from([1, 5, 20]))
 def test_bursts_in_any_topic_order_poll_cut_and_caught_up_state_give_the_oracle_frames(
         seed: int, bursts: int, chunk: int) -> None:
-    """Bursts of whole seconds; within one, each topic lands at its own moment within the idle
-    bound and is read in arbitrary polls; quiet clocks run or stand still at random."""
+    """Bursts of whole seconds; within one, each topic lands at its own moment within its idle
+    bound and is read in arbitrary polls; quiet clocks run or stand still at random. A per-step
+    topic's bound is the short one, and its bursts come after a rest (``streams.align.holds``)."""
     rng = random.Random(seed)
     seconds = rng.randint(bursts, 12 * bursts)
     samples = make_samples(rng, nodes=2, gpus=rng.randint(1, 2), seconds=seconds)
     used = rng.sample(sorted({k[2] for k in samples}), rng.randint(2, 6))
     samples = {k: v for k, v in samples.items() if k[2] in used}
+    bound = {si: STEP_IDLE if CATALOG[si].cadence == "step" else IDLE for si in used}
+    least = min(bound.values())
     cuts = [T0, *sorted(rng.sample(range(T0 + GRID, T0 + seconds * GRID, GRID), bursts - 1)), T0 + seconds * GRID]
     per_burst: dict[int, list[tuple[int, list[tuple[Series, list[tuple[int, float]]]]]]] = {}
     for i, item in enumerate(burst_schedule(rng, samples, cuts, chunk)):
         per_burst.setdefault(i // len(used), []).append(item)
-    aligner = GridAligner(AlignParams(allowed_lateness_ns=LATENESS, idle_ns=IDLE))
+    aligner = GridAligner(AlignParams(allowed_lateness_ns=LATENESS, idle_ns=IDLE, step_idle_ns=STEP_IDLE))
     aligner.expect([*used, 99])  # 99: a topic of the assignment that never delivers
     quiet = {s: 0 for s in [*used, 99]}
     frames: list[Frame] = []
     late: list[object] = []
     now, pos = rng.randrange(3 * IDLE), 0
 
-    def step(dt: int, delivered: set[int]) -> None:
+    def step(dt: int, delivered: set[int], caught_up: bool = False) -> None:
         nonlocal now
         now += dt
         for s in quiet:  # a source's clock runs while "caught up": here, whenever it likes
-            if s not in delivered and rng.random() < 0.7:
+            if s not in delivered and (caught_up or rng.random() < 0.7):
                 quiet[s] += dt
-        adv = aligner.advance(now, quiet_ns=quiet)
+        adv = aligner.advance(T0 + now, quiet_ns=quiet)  # the wall clock near the event times: live, at times
         frames.extend(adv.frames.frames())
         late.extend(adv.late)
 
     for k in sorted(per_burst):
+        if least < IDLE:
+            step(least, set(), caught_up=True)  # a burst follows a rest
         start = now
-        queues = {si: (start + rng.randrange(IDLE * 9 // 10), list(msgs)) for si, msgs in per_burst[k]}
+        queues = {si: (start + rng.randrange(bound[si] * 9 // 10), list(msgs)) for si, msgs in per_burst[k]}
         last = {si: 0 for si in queues}
         while any(q for _, q in queues.values()):
             delivered = set()
@@ -132,7 +139,7 @@ def test_bursts_in_any_topic_order_poll_cut_and_caught_up_state_give_the_oracle_
                 if now < lands or not q:
                     continue
                 # A random prefix of what is left; never quiet for more than half the bound.
-                n = rng.randint(0 if now - last[si] < IDLE // 2 else 1, len(q))
+                n = rng.randint(0 if now - last[si] < bound[si] // 2 else 1, len(q))
                 for key, msg in q[:n]:
                     aligner.add(key[0], key[1], key[2], [t for t, _ in msg], [v for _, v in msg], source=si,
                                 position=pos)
@@ -141,7 +148,7 @@ def test_bursts_in_any_topic_order_poll_cut_and_caught_up_state_give_the_oracle_
                 if n:
                     delivered.add(si)
                     last[si] = now
-            step(rng.randrange(IDLE // 4), delivered)
+            step(rng.randrange(least // 4), delivered)
         for _ in range(rng.randint(0, 3)):  # quiet between bursts, perhaps past the bound
             step(rng.randrange(2 * IDLE), set())
     done = aligner.flush_all()

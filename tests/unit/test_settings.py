@@ -38,7 +38,7 @@ def test_defaults_without_env_or_file() -> None:
     assert s.clickhouse_secure is False
     assert s.clickhouse_layout == "current"
     assert s.grid_ms == 1000 and s.lateness_ms == 2000
-    assert s.source_idle_s == 15.0
+    assert s.source_idle_s == 15.0 and s.step_idle_s == 0.5 and s.align_params().step_idle_ns == 500_000_000
     assert s.kafka_sasl_password.get() == "" and s.clickhouse_password.get() == ""
     assert s.align_params() == AlignParams(grid_ns=10**9, allowed_lateness_ns=2 * 10**9, idle_ns=15 * 10**9)
 
