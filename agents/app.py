@@ -34,6 +34,7 @@ from agents.detect.agent import (
 from agents.detect.events import K8sEventFeed
 from agents.ingest.pricebook_file import PriceBookFile
 from agents.ingest.worker import Ingestor, IngestStats
+from agents.kafka.faust_producer import App
 from agents.kafka.producer import SampleProducer
 from agents.kafka.topics import Topics
 from agents.livepage.routes import install_page
@@ -96,7 +97,7 @@ def create_app(settings: Settings, on_flush: Callable[[IngestStats], None] | Non
     """A Faust app wired to the configured broker, with every flopwatch topic declared as raw bytes:
     the ingest as a service and (``detect``) the detection agent on ``flopwatch.frames``."""
     brokers = ";".join(f"kafka://{b.strip()}" for b in settings.kafka_bootstrap.split(","))
-    app = faust.App(
+    app = App(
         f"{settings.group_id}-app",
         broker=brokers,
         broker_credentials=broker_credentials(settings),

@@ -64,7 +64,11 @@ class Settings:
     partitions: int = 4
     """Partitions of every topic (all must match for co-partitioning); FLOPWATCH_PARTITIONS."""
     replication: int = 1
-    """Replication factor for topics flopwatch creates; FLOPWATCH_REPLICATION."""
+    """Replication factor for topics flopwatch creates (3 on a cluster); FLOPWATCH_REPLICATION."""
+    min_insync_replicas: int = 0
+    """``min.insync.replicas`` of the topics flopwatch creates: how many replicas must have a write before
+    it counts (every producer asks for all of them); 0: one less than the replication, at most 2;
+    FLOPWATCH_MIN_INSYNC_REPLICAS."""
     group_id: str = "flopwatch-ingest"
     """Consumer group of the ingest workers; FLOPWATCH_GROUP_ID."""
 
@@ -209,6 +213,11 @@ class Settings:
             return None
         return Tiering(self.storage_policy, self.hot_days, self.cold_volume)
 
+    def min_insync(self) -> int:
+        """The topics' ``min.insync.replicas``: the setting, or by default one less than the replication
+        (at least 1, at most 2), so a cluster of three accepts writes with one broker down."""
+        return self.min_insync_replicas or max(1, min(2, self.replication - 1))
+
     def align_params(self) -> AlignParams:
         return AlignParams(
             grid_ns=self.grid_ms * 1_000_000,
@@ -298,6 +307,9 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path 
     for name in _POSITIVE:
         if getattr(settings, name) <= 0:
             raise SettingsError(f"{name}={getattr(settings, name)!r}: must be > 0")
+    if not 0 <= settings.min_insync_replicas <= settings.replication:
+        raise SettingsError(f"min_insync_replicas={settings.min_insync_replicas}: must be between 1 and the "
+                            f"replication ({settings.replication}), or 0 for the default")
     _check_storage(settings)
     return settings
 

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# deploy/kafka.sh — a local single-node Apache Kafka (KRaft, combined
-# broker+controller) for development and the integration tests.
+# deploy/kafka.sh — a local Apache Kafka (KRaft, combined broker+controller) for
+# development and the integration tests: one broker, or a cluster of several.
 #
 #   deploy/kafka.sh start    start (idempotent), wait until ready, print bootstrap
-#   deploy/kafka.sh stop     SIGTERM, up to 30 s, then SIGKILL
-#   deploy/kafka.sh status   exit 0 if the broker is running
+#   deploy/kafka.sh start --brokers 3
+#                            a three-broker cluster on loopback (9092, 9094, 9096;
+#                            replication factor 3, min.insync.replicas 2); starts
+#                            whichever of its brokers is down (kafka_cluster.sh)
+#   deploy/kafka.sh kill I [SIG]  send SIGKILL (or SIG) to broker I of the cluster
+#   deploy/kafka.sh stop     SIGTERM, up to 30 s, then SIGKILL (the broker or the cluster)
+#   deploy/kafka.sh status   exit 0 if the broker (every broker of the cluster) is running
 #   deploy/kafka.sh wait     wait until the broker answers, print bootstrap
 #   deploy/kafka.sh topics … run Kafka's TopicCommand against the broker
 #                            (e.g. `topics --create --topic t --partitions 4`)
@@ -30,6 +35,7 @@
 #   FLOPWATCH_KAFKA_START_TIMEOUT    readiness timeout in s, default 90
 #   FLOPWATCH_KAFKA_MODE             "jar" (default) or "docker"
 #   FLOPWATCH_KAFKA_BOOTSTRAP        host:port[,host:port] of an existing broker
+#   FLOPWATCH_KAFKA_CLUSTER_DIR      the --brokers cluster's state, default <state>/kafka/cluster
 set -euo pipefail
 
 KAFKA_VERSION="${FLOPWATCH_KAFKA_VERSION:-3.9.1}"
@@ -63,6 +69,8 @@ say() { echo "kafka: $*" >&2; }
 die() { say "$*"; exit 1; }
 # shellcheck source=deploy/kafka_jars.sh
 . "$repo_root/deploy/kafka_jars.sh"
+# shellcheck source=deploy/kafka_cluster.sh
+. "$repo_root/deploy/kafka_cluster.sh"
 
 # ---------------------------------------------------------------- config
 
@@ -258,6 +266,14 @@ if [[ -z "$external" && "$mode" == docker ]]; then
 fi
 
 cmd="${1:-}"
+brokers=1
+if [[ "$cmd" == start && "${2:-}" == --brokers ]]; then
+  [[ "${3:-}" =~ ^[0-9]+$ ]] || die "--brokers needs a number"
+  brokers="$3"
+fi
+if [[ -z "$external" ]] && (($(cluster_size) > 0)); then
+  bootstrap="$(cluster_bootstrap "$(cluster_size)")"  # the cluster is what runs here
+fi
 case "$cmd" in
   start)
     if [[ -n "$external" ]]; then
@@ -265,13 +281,22 @@ case "$cmd" in
       # The jars give a real metadata probe; without mvn/java fall back to TCP.
       (ensure_classpath) || say "no Kafka jars; readiness is a TCP check only"
       wait_ready "$external"
+    elif ((brokers > 1)); then
+      $use_docker && die "--brokers runs the jars; unset FLOPWATCH_KAFKA_MODE=docker"
+      cluster_start "$brokers"
+    elif (($(cluster_size) > 0)); then die "a cluster of $(cluster_size) brokers is set up here: start it with --brokers $(cluster_size), or stop it first"
     elif $use_docker; then start_docker
     else start_jar
     fi
     ;;
+  kill)
+    [[ "${2:-}" =~ ^[0-9]+$ ]] || die "usage: $0 kill BROKER [SIGNAL]"
+    cluster_kill "$2" "${3:-KILL}"
+    ;;
   stop)
     if [[ -n "$external" ]]; then say "FLOPWATCH_KAFKA_BOOTSTRAP is set: not stopping an external broker"
     elif $use_docker; then docker rm -f "$container" >/dev/null 2>&1 || true; say "stopped"
+    elif (($(cluster_size) > 0)); then cluster_stop; pid_alive && stop_jar; true
     else stop_jar
     fi
     ;;
@@ -283,6 +308,8 @@ case "$cmd" in
       [[ "$(docker inspect -f '{{.State.Running}}' "$container" 2>/dev/null)" == true ]] \
         && { echo "running (docker) $bootstrap"; exit 0; }
       echo "stopped"; exit 1
+    elif (($(cluster_size) > 0)); then
+      cluster_status
     elif pid_alive; then
       echo "running (pid $(cat "$pidfile")) $bootstrap"; exit 0
     else
@@ -299,7 +326,7 @@ case "$cmd" in
     kafka_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "${external:-$bootstrap}" "$@"
     ;;
   *)
-    echo "usage: $0 {start|stop|status|wait|topics <TopicCommand args>}" >&2
+    echo "usage: $0 {start [--brokers N]|kill I [SIG]|stop|status|wait|topics <TopicCommand args>}" >&2
     exit 2
     ;;
 esac

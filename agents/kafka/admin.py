@@ -1,11 +1,16 @@
-"""Creating and checking topics: every input topic must share one partition count."""
+"""Creating and checking topics: every input topic must share one partition count, and the cluster
+must have the brokers the replication asks for."""
 
 from __future__ import annotations
+
+import logging
 
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from agents.kafka.topics import Topics, confluent_config
 from agents.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 class TopicLayoutError(RuntimeError):
@@ -18,9 +23,15 @@ def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> list[str]:
     admin = AdminClient(confluent_config(settings))
     meta = admin.list_topics(timeout=timeout_s)
     missing = [t for t in topics.all if t not in meta.topics]
+    if missing and len(meta.brokers) < settings.replication:
+        raise TopicLayoutError(
+            f"FLOPWATCH_REPLICATION={settings.replication} but the cluster at {settings.kafka_bootstrap} has "
+            f"{len(meta.brokers)} broker(s) up; start the others or lower the replication")
     if missing:
+        config = {"min.insync.replicas": str(settings.min_insync())}
         futures = admin.create_topics(
-            [NewTopic(t, num_partitions=settings.partitions, replication_factor=settings.replication) for t in missing],
+            [NewTopic(t, num_partitions=settings.partitions, replication_factor=settings.replication, config=config)
+             for t in missing],
             operation_timeout=timeout_s,
         )
         for _name, fut in futures.items():
@@ -30,6 +41,12 @@ def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> list[str]:
                 if "TOPIC_ALREADY_EXISTS" not in str(exc):
                     raise
         meta = admin.list_topics(timeout=timeout_s)
+    thin = sorted(t for t in topics.all if t in meta.topics and any(
+        len(p.replicas) < settings.replication for p in meta.topics[t].partitions.values()))
+    if thin:  # made earlier with a lower replication: they work, but say so (Kafka cannot raise it in place)
+        log.warning("%d topic(s) have fewer replicas than FLOPWATCH_REPLICATION=%d (e.g. %s); reassign their "
+                    "partitions (kafka-reassign-partitions) to replicate them", len(thin), settings.replication,
+                    thin[0])
     wrong = {t: len(meta.topics[t].partitions) for t in topics.inputs
              if t in meta.topics and len(meta.topics[t].partitions) != settings.partitions}
     if wrong:

@@ -20,23 +20,30 @@ class DeliveryError(RuntimeError):
     """Kafka did not acknowledge some messages; the text names how many and the first cause."""
 
 
+def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    """librdkafka options of every confluent-kafka producer of flopwatch: idempotent, ``acks=all``
+    (a write counts once ``min.insync.replicas`` have it), batched and compressed; ``overrides`` may
+    tune the batching but not those two."""
+    conf = confluent_config(settings) | {
+        "linger.ms": 20,
+        "batch.size": 1_000_000,
+        "compression.type": "lz4",
+        "queue.buffering.max.messages": 500_000,
+        "queue.buffering.max.kbytes": 512 * 1024,
+        # Keys are node names; the default murmur2 partitioner matches the Java
+        # clients, so third-party producers place a node where we do.
+        "partitioner": "murmur2_random",
+    }
+    conf.update(overrides)
+    conf |= {"enable.idempotence": True, "acks": "all"}  # retries never reorder or duplicate within a partition
+    return conf
+
+
 class SampleProducer:
     """Idempotent producer; ``flush()`` raises if any message since the last flush was not delivered."""
 
     def __init__(self, settings: Settings, **overrides: Any) -> None:
-        conf = confluent_config(settings) | {
-            "enable.idempotence": True,  # retries never reorder or duplicate within a partition
-            "acks": "all",
-            "linger.ms": 20,
-            "batch.size": 1_000_000,
-            "compression.type": "lz4",
-            "queue.buffering.max.messages": 500_000,
-            "queue.buffering.max.kbytes": 512 * 1024,
-            # Keys are node names; the default murmur2 partitioner matches the Java
-            # clients, so third-party producers place a node where we do.
-            "partitioner": "murmur2_random",
-        }
-        conf.update(overrides)
+        conf = producer_config(settings, **overrides)
         self._producer = Producer(conf)
         self._failed = 0
         self._first_error: KafkaError | None = None
