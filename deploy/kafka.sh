@@ -96,22 +96,8 @@ inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 log.dirs=$data
 
-# One small local broker: every internal topic has replication factor 1.
-num.partitions=4
-default.replication.factor=1
-offsets.topic.replication.factor=1
-offsets.topic.num.partitions=4
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-# Consumers join at once instead of waiting 3 s for more members (tests).
-group.initial.rebalance.delay.ms=0
-# Topics are created explicitly with their partition count (co-partitioning).
-auto.create.topics.enable=false
-num.network.threads=2
-num.io.threads=2
-log.retention.hours=24
-log.segment.bytes=134217728
 EOF
+  broker_props 1 1 >>"$props"  # one small local broker: every topic has one replica
 
 }
 

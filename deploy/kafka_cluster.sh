@@ -51,23 +51,8 @@ inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 log.dirs=$dir/data
 
-# A replicated cluster's defaults: a write needs $isr of $rf replicas; a lost leader is
-# replaced only by an in-sync replica.
-num.partitions=4
-default.replication.factor=$rf
-min.insync.replicas=$isr
-unclean.leader.election.enable=false
-offsets.topic.replication.factor=$rf
-offsets.topic.num.partitions=4
-transaction.state.log.replication.factor=$rf
-transaction.state.log.min.isr=$isr
-group.initial.rebalance.delay.ms=0
-auto.create.topics.enable=false
-num.network.threads=2
-num.io.threads=2
-log.retention.hours=24
-log.segment.bytes=134217728
 EOF
+  broker_props "$rf" "$isr" >>"$dir/server.properties"  # a write needs $isr of $rf replicas
 }
 
 cluster_start() {  # N

@@ -1,4 +1,5 @@
-# deploy/kafka_jars.sh — Kafka's jars and tools for deploy/kafka.sh (sourced, not run).
+# deploy/kafka_jars.sh — Kafka's jars, tools, logging and the brokers' common settings for
+# deploy/kafka.sh and kafka_cluster.sh (sourced, not run).
 #
 # The caller sets KAFKA_VERSION, SCALA_VERSION, SLF4J_VERSION, RELOAD4J_VERSION, dist (the per-version
 # jar cache), log4j and tools_log4j (logging configuration files), and defines say() and die().
@@ -106,5 +107,28 @@ log4j.appender.stderr=org.apache.log4j.ConsoleAppender
 log4j.appender.stderr.Target=System.err
 log4j.appender.stderr.layout=org.apache.log4j.PatternLayout
 log4j.appender.stderr.layout.ConversionPattern=[%d] %p %m (%c)%n
+EOF
+}
+
+# broker_props RF ISR: the settings every broker here shares, for topics of RF replicas of which ISR
+# must have a write; a lost leader is replaced only by an in-sync replica.
+broker_props() {
+  cat <<EOF
+num.partitions=4
+default.replication.factor=$1
+min.insync.replicas=$2
+unclean.leader.election.enable=false
+offsets.topic.replication.factor=$1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=$1
+transaction.state.log.min.isr=$2
+# Consumers join at once instead of waiting 3 s for more members (tests).
+group.initial.rebalance.delay.ms=0
+# Topics are created explicitly with their partition count (co-partitioning).
+auto.create.topics.enable=false
+num.network.threads=2
+num.io.threads=2
+log.retention.hours=24
+log.segment.bytes=134217728
 EOF
 }
