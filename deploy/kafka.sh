@@ -7,8 +7,12 @@
 #                            a three-broker cluster on loopback (9092, 9094, 9096;
 #                            replication factor 3, min.insync.replicas 2); starts
 #                            whichever of its brokers is down (kafka_cluster.sh)
+#   deploy/kafka.sh start --secure
+#                            beside it, a broker that only speaks SASL_SSL (SCRAM-SHA-512,
+#                            TLS with a throw-away CA) on 9192 (kafka_secure.sh)
 #   deploy/kafka.sh kill I [SIG]  send SIGKILL (or SIG) to broker I of the cluster
-#   deploy/kafka.sh stop     SIGTERM, up to 30 s, then SIGKILL (the broker or the cluster)
+#   deploy/kafka.sh stop     SIGTERM, up to 30 s, then SIGKILL (every broker started here;
+#                            `stop --cluster` or `stop --secure` only those)
 #   deploy/kafka.sh status   exit 0 if the broker (every broker of the cluster) is running
 #   deploy/kafka.sh wait     wait until the broker answers, print bootstrap
 #   deploy/kafka.sh topics … run Kafka's TopicCommand against the broker
@@ -36,6 +40,8 @@
 #   FLOPWATCH_KAFKA_MODE             "jar" (default) or "docker"
 #   FLOPWATCH_KAFKA_BOOTSTRAP        host:port[,host:port] of an existing broker
 #   FLOPWATCH_KAFKA_CLUSTER_DIR      the --brokers cluster's state, default <state>/kafka/cluster
+#   FLOPWATCH_KAFKA_SECURE_DIR       the --secure broker's state, default <state>/kafka/secure
+#   FLOPWATCH_KAFKA_SECURE_PORT      its SASL_SSL listener, default 9192
 set -euo pipefail
 
 KAFKA_VERSION="${FLOPWATCH_KAFKA_VERSION:-3.9.1}"
@@ -71,6 +77,8 @@ die() { say "$*"; exit 1; }
 . "$repo_root/deploy/kafka_jars.sh"
 # shellcheck source=deploy/kafka_cluster.sh
 . "$repo_root/deploy/kafka_cluster.sh"
+# shellcheck source=deploy/kafka_secure.sh
+. "$repo_root/deploy/kafka_secure.sh"
 
 # ---------------------------------------------------------------- config
 
@@ -267,6 +275,8 @@ case "$cmd" in
       # The jars give a real metadata probe; without mvn/java fall back to TCP.
       (ensure_classpath) || say "no Kafka jars; readiness is a TCP check only"
       wait_ready "$external"
+    elif [[ "${2:-}" == --secure ]]; then
+      secure_start
     elif ((brokers > 1)); then
       $use_docker && die "--brokers runs the jars; unset FLOPWATCH_KAFKA_MODE=docker"
       cluster_start "$brokers"
@@ -282,8 +292,13 @@ case "$cmd" in
   stop)
     if [[ -n "$external" ]]; then say "FLOPWATCH_KAFKA_BOOTSTRAP is set: not stopping an external broker"
     elif $use_docker; then docker rm -f "$container" >/dev/null 2>&1 || true; say "stopped"
-    elif (($(cluster_size) > 0)); then cluster_stop; pid_alive && stop_jar; true
-    else stop_jar
+    elif [[ "${2:-}" == --secure ]]; then secure_stop
+    elif [[ "${2:-}" == --cluster ]]; then cluster_stop
+    else
+      secure_stop
+      if (($(cluster_size) > 0)); then cluster_stop; pid_alive && stop_jar; true
+      else stop_jar
+      fi
     fi
     ;;
   status)
@@ -312,7 +327,7 @@ case "$cmd" in
     kafka_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "${external:-$bootstrap}" "$@"
     ;;
   *)
-    echo "usage: $0 {start [--brokers N]|kill I [SIG]|stop|status|wait|topics <TopicCommand args>}" >&2
+    echo "usage: $0 {start [--brokers N|--secure]|kill I [SIG]|stop [--cluster|--secure]|status|wait|topics <TopicCommand args>}" >&2
     exit 2
     ;;
 esac

@@ -68,12 +68,15 @@ def worker(ctx: click.Context, progress: str, exit_when_idle: float | None, runt
     from aiokafka.errors import KafkaError
 
     from agents.ingest.worker import CommitError, Ingestor, IngestStats
-    from agents.kafka.admin import ensure_topics
+    from agents.kafka.admin import KafkaUnavailable, TopicLayoutError, ensure_topics
     from agents.runtime.gc_tuning import tune_for_throughput
 
     settings = _settings(ctx)
     _check_policy(settings)
-    ensure_topics(settings)
+    try:
+        ensure_topics(settings)
+    except (KafkaUnavailable, TopicLayoutError) as exc:
+        raise click.ClickException(str(exc)) from None
     tune_for_throughput()
 
     def report(st: IngestStats) -> None:

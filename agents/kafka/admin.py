@@ -4,8 +4,10 @@ must have the brokers the replication asks for."""
 from __future__ import annotations
 
 import logging
+import time
 
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic  # type: ignore[attr-defined]
 
 from agents.kafka.topics import Topics, confluent_config
 from agents.settings import Settings
@@ -17,11 +19,37 @@ class TopicLayoutError(RuntimeError):
     """Existing topics disagree with the configured partition count."""
 
 
+class KafkaUnavailable(RuntimeError):
+    """Kafka could not be reached, or refused flopwatch's credentials; the text says which (never the secret)."""
+
+
+def metadata(settings: Settings, timeout_s: float = 30.0) -> tuple[AdminClient, ClusterMetadata]:
+    """An admin client and the cluster's metadata; fails fast, and clearly, on refused credentials."""
+    errors: list[KafkaError] = []
+    admin = AdminClient(confluent_config(settings) | {"error_cb": errors.append})
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return admin, admin.list_topics(timeout=min(2.0, timeout_s))
+        except KafkaException as exc:
+            admin.poll(0.1)  # serves the error callback
+            refused = [e for e in errors if e.code() == KafkaError._AUTHENTICATION]
+            if refused:
+                raise KafkaUnavailable(
+                    f"Kafka at {settings.kafka_bootstrap} refused the credentials of user "
+                    f"{settings.kafka_sasl_username!r} ({settings.kafka_sasl_mechanism} over "
+                    f"{settings.kafka_security_protocol}): check FLOPWATCH_KAFKA_SASL_USERNAME and "
+                    f"FLOPWATCH_KAFKA_SASL_PASSWORD ({refused[-1].str()})") from None
+            if time.monotonic() >= deadline:
+                last = errors[-1].str() if errors else str(exc)
+                raise KafkaUnavailable(f"cannot reach Kafka at {settings.kafka_bootstrap} "
+                                       f"({settings.kafka_security_protocol}) within {timeout_s:g} s: {last}") from None
+
+
 def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> list[str]:
     """Create missing topics; fail loudly if existing ones break co-partitioning."""
     topics = Topics(settings.topic_prefix)
-    admin = AdminClient(confluent_config(settings))
-    meta = admin.list_topics(timeout=timeout_s)
+    admin, meta = metadata(settings, timeout_s)
     missing = [t for t in topics.all if t not in meta.topics]
     if missing and len(meta.brokers) < settings.replication:
         raise TopicLayoutError(

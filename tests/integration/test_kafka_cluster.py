@@ -59,7 +59,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     try:
         yield c
     finally:
-        subprocess.run([str(ROOT / "deploy/kafka.sh"), "stop"], env=c.env, check=False, timeout=180)
+        subprocess.run([str(ROOT / "deploy/kafka.sh"), "stop", "--cluster"], env=c.env, check=False, timeout=180)
 
 
 @pytest.fixture
