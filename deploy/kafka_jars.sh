@@ -132,3 +132,19 @@ log.retention.hours=24
 log.segment.bytes=134217728
 EOF
 }
+
+# kraft_props ID VOTERS LISTENERS ADVERTISED PROTOCOL_MAP INTER_LISTENER LOG_DIRS: a combined broker and
+# controller's identity and listeners (the controller listener is always named CONTROLLER).
+kraft_props() {
+  cat <<EOF
+process.roles=broker,controller
+node.id=$1
+controller.quorum.voters=$2
+listeners=$3
+advertised.listeners=$4
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=$6
+listener.security.protocol.map=$5
+log.dirs=$7
+EOF
+}
