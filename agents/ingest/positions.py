@@ -3,7 +3,7 @@
 A sensor partition's *quiet clock* (``streams.align.holds``) counts the nanoseconds during
 which Kafka confirmed it caught up: a fetch response for it within ``ANSWER_S`` (a
 caught-up partition gets one about every ``fetch_max_wait_ms``) whose highwater our
-position has reached. The aligners measure a stream's idleness on it, so time in which
+position has reached, and not paused. The aligners measure a stream's idleness on it, so time in which
 the data could not have arrived (a broker outage, a backlog still being read) never
 makes a stream idle.
 """
@@ -105,7 +105,10 @@ class Positions:
             return
         fresh_ms = self._wall_ns() / 1e6 - ANSWER_S * 1000
         quiet = self.quiet
+        paused = consumer.paused()  # not read (agents.ingest.outage): its last answer is stale at once
         for tp in quiet:
+            if tp in paused:
+                continue
             answered = consumer.last_poll_timestamp(tp)
             if answered is None or answered < fresh_ms:
                 continue

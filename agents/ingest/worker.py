@@ -35,13 +35,14 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import CommitFailedError
 
 from agents.ingest.core import IngestCore, IngestStats
+from agents.ingest.outage import Outage
 from agents.ingest.positions import Positions
 from agents.ingest.pricebook_file import PriceBookFile
 from agents.kafka.producer import SampleProducer
 from agents.kafka.topics import Topics, aiokafka_config
 from agents.runtime.timebase import SYSTEM_CLOCK, Clock
 from agents.settings import Settings
-from agents.sinks.clickhouse import Backend, open_backend
+from agents.sinks.clickhouse import Backend, ClickHouseUnreachable, open_backend
 from agents.sinks.deadletter import DeadLetter
 from agents.sinks.frames_out import FramePublisher
 from agents.sinks.schema import ensure_for
@@ -95,6 +96,8 @@ class Ingestor:
         self._inflight: asyncio.Future[None] | None = None
         self._on_flush: Callable[[IngestStats], None] | None = None
         self._commit_failing_since = 0
+        self._outage = Outage(settings.flush_rows)
+        self._stopping: asyncio.Event | None = None
 
     async def _on_ch(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._ch, fn, *args)
@@ -133,6 +136,7 @@ class Ingestor:
         """
         s = self.settings
         self._on_flush = on_flush
+        self._stopping = stop
         backend = self._backend = await self._on_ch(self._backend_factory, s)
         await self._on_ch(ensure_for, backend, s)
         self._ch_ready.set()
@@ -175,10 +179,18 @@ class Ingestor:
                             self.stats.first_record_ns = mono()
                     self._pos.tick_quiet(consumer)
                     core.advance(self._pos.quiet)
-                    flushed = store.pending_rows >= s.flush_rows or (due and self._has_work())
+                    # One write in flight: while it waits (for ClickHouse, agents.ingest.outage) the loop
+                    # reads on, up to a bound, and the next flush starts once it is through.
+                    writing = self._inflight is not None and not self._inflight.done()
+                    if self._outage.should_pause(store.pending_rows, writing):
+                        consumer.pause(*consumer.assignment())
+                    elif self._outage.should_resume(writing):
+                        consumer.resume(*consumer.paused())
+                    want = store.pending_rows >= s.flush_rows or (due and self._has_work())
+                    flushed = want and not writing
                     if flushed:
                         await self._flush_locked(wait=False)
-                    elif due:
+                    elif due and not want:
                         self._last_flush = mono()  # nothing to write; look again later
                     if flushed or due:
                         self.stats.lag = self._pos.lag(consumer)
@@ -247,7 +259,16 @@ class Ingestor:
         if self._frames is not None:  # every frame of this write was queued when its tick closed
             await self._on_ch(self._frames.flush)
             self.stats.frames_published = self._frames.published
-        await self._on_ch(store.write, pending, consumed, self._clock.wall_ns() // 1_000_000, closed)
+        now_ms, done = self._clock.wall_ns() // 1_000_000, set[str]()
+        while True:
+            try:
+                await self._on_ch(store.write, pending, consumed, now_ms, closed, done)
+                break
+            except ClickHouseUnreachable as exc:
+                if self._stopping is not None and self._stopping.is_set():
+                    raise  # nothing committed: the next owner replays from the last durable write
+                await asyncio.sleep(self._outage.failed(str(exc), store.pending_rows + pending.rows))
+        self._outage.recovered(pending.rows)
         if commit:
             try:
                 # aiokafka retries a commit forever on "retriable" errors (a deleted topic, a

@@ -28,6 +28,10 @@ class ClickHouseError(RuntimeError):
     """A ClickHouse statement failed; the message says which and why (never credentials)."""
 
 
+class ClickHouseUnreachable(ClickHouseError):
+    """The server could not be reached (down, restarting, a network cut): worth waiting for."""
+
+
 class Backend(Protocol):
     layout: ddl.Layout
     database: str
@@ -161,7 +165,7 @@ class NativeBackend:
                 return fn()
             except (NetworkError, EOFError, OSError) as exc:
                 if attempt == self._attempts:
-                    raise ClickHouseError(f"ClickHouse at {self._where} unreachable ({what}): {exc}") from exc
+                    raise ClickHouseUnreachable(f"ClickHouse at {self._where} unreachable ({what}): {exc}") from exc
                 log.warning("ClickHouse %s failed (attempt %d/%d): %s; retrying", what, attempt, self._attempts, exc)
                 self._client.disconnect()
                 time.sleep(delay)

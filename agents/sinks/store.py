@@ -37,6 +37,10 @@ class Pending:
     batches: list[FrameBatch]
     events: Columns
 
+    @property
+    def rows(self) -> int:
+        return sum(len(b) for b in self.batches) + len(self.events.get("ts", ()))
+
 
 class FrameStore:
     """Column buffers for ``gpu_frames`` and ``k8s_events``; ``flush`` writes them and the progress marks."""
@@ -77,7 +81,7 @@ class FrameStore:
         return self.write(self.detach(), consumed, now_ms)
 
     def write(self, pending: Pending, consumed: dict[TopicPartition, int], now_ms: int,
-              closed: dict[str, int] | None = None) -> int:
+              closed: dict[str, int] | None = None, done: set[str] | None = None) -> int:
         """Write ``pending``; ``consumed`` (next offset read per partition) is recorded first.
 
         Progress goes before frames on purpose: after a crash between the two, the
@@ -85,28 +89,30 @@ class FrameStore:
         past the last written tick, which is exact; the other order would dead-letter
         samples that are already in frames.
         """
-        written = 0
-        if consumed:
+        # Nothing here changes this store's state until every insert went through: a write that failed
+        # half-way (ClickHouse gone) is retried with the same ``done``, which skips the inserts that went
+        # through, and the same token, which makes the server drop a block whose reply was lost
+        # (agents.ingest.worker retries it; the legacy layout has no tokens).
+        done = set() if done is None else done
+        if consumed and "progress" not in done:
             tps = sorted(consumed)
             self.backend.insert("ingest_progress", {
                 "topic": [t for t, _ in tps], "partition": [p for _, p in tps],
                 "offset": [consumed[tp] for tp in tps], "written_at": [now_ms] * len(tps)})
+            done.add("progress")
         ranges = {tp: (self._consumed.get(tp, off), off) for tp, off in consumed.items()}
-        self._consumed.update(consumed)
         frames = _frame_columns(pending.batches) if pending.batches else None
         # The same rows from the same offsets get the same token, in this process's retries or in a replay
         # after a crash between the insert and the commit: the server drops the block, rollups included.
         token = batch_token(ranges, frames)
-        if frames is not None:
+        n_frames = len(frames["node"]) if frames is not None else 0
+        if frames is not None and "frames" not in done:
             self.backend.insert("gpu_frames", frames, token=token)
-            n = len(frames["node"])
-            self.frames_written += n
-            written += n
-        if pending.events["ts"]:
+            done.add("frames")
+        n_events = len(pending.events["ts"])
+        if n_events and "events" not in done:
             self.backend.insert("k8s_events", pending.events, token=token + "e")
-            n = len(pending.events["ts"])
-            self.events_written += n
-            written += n
+            done.add("events")
         # After the frames: a closed tick recorded ahead of its frames would make a replay
         # drop samples that were never written.
         moved = {n: t for n, t in (closed or {}).items() if t > self._closed_written.get(n, t - 1)}
@@ -115,7 +121,11 @@ class FrameStore:
             self.backend.insert("node_progress", {
                 "node": nodes, "closed_tick_ms": [moved[n] // 1_000_000 for n in nodes],
                 "written_at": [now_ms] * len(nodes)})
-            self._closed_written.update(moved)
+        self._consumed.update(consumed)
+        self._closed_written.update(moved)
+        self.frames_written += n_frames
+        self.events_written += n_events
+        written = n_frames + n_events
         return written
 
     def recover(self) -> Progress:

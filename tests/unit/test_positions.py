@@ -15,6 +15,7 @@ class _Fetches:
     def __init__(self) -> None:
         self.hw: dict[TopicPartition, int] = {}
         self.at_ms: dict[TopicPartition, float] = {}
+        self.paused_tps: set[TopicPartition] = set()
 
     def assignment(self) -> set[TopicPartition]:
         return set(self.hw)
@@ -24,6 +25,9 @@ class _Fetches:
 
     def last_poll_timestamp(self, tp: TopicPartition) -> float | None:
         return self.at_ms.get(tp)
+
+    def paused(self) -> set[TopicPartition]:
+        return self.paused_tps
 
 
 def test_quiet_clock_counts_only_confirmed_caught_up_time() -> None:
@@ -52,5 +56,9 @@ def test_quiet_clock_counts_only_confirmed_caught_up_time() -> None:
     turn(30.0)  # a stalled loop counts for at most ANSWER_S
     assert pos.quiet[a] == 2 * S + 2 * int(ANSWER_S * S)
     assert pos.lag(kafka) == 3
+    kafka.paused_tps = {a}  # reading paused (ClickHouse away): its last answer no longer confirms anything
+    turn(1.0)
+    assert pos.quiet[a] == 2 * S + 2 * int(ANSWER_S * S)
+    kafka.paused_tps = set()
     pos.revoked([a])
     assert a not in pos.quiet and pos.position(a) is None
