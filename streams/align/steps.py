@@ -74,11 +74,14 @@ class StepRule:
     [100, 100]
     """
 
-    __slots__ = ("_before", "anchor", "burst", "resumes")
+    __slots__ = ("_before", "_last_peer", "anchor", "burst", "resumes")
 
     def __init__(self) -> None:
         self.resumes = Resumes()
-        self.anchor: I64 = np.empty(0, np.int64)  # the peers' newest when the stream's timer started
+        # The peers' newest just before the poll in which the stream's timer started: a poll that brings a
+        # whole backlog of its peers at once must count as their running ahead.
+        self.anchor: I64 = np.empty(0, np.int64)
+        self._last_peer: I64 = np.empty(0, np.int64)  # the peers' newest at the last call
         self.burst: BoolArr = np.empty(0, bool)
         self._before: I64 = np.empty(0, np.int64)
 
@@ -102,8 +105,12 @@ class StepRule:
                 np.where(fast, 0, params.allowed_lateness_ns).astype(np.int64))
 
     def note(self, quiet: QuietStreams, held: BoolArr, peer_newest: I64) -> None:
-        """After ``quiet.holding``: streams whose timer started (or restarted) now take the peers' newest."""
+        """After ``quiet.holding``: streams whose timer started (or restarted) now take the peers' newest from
+        before this poll."""
         del held  # the timers, not the result, are what changed
         started = quiet.behind != self._before
-        self.anchor[started] = peer_newest[started]
+        before = peer_newest.copy()
+        before[: len(self._last_peer)] = np.minimum(self._last_peer[: len(before)], before[: len(self._last_peer)])
+        self.anchor[started] = before[started]
         self.anchor[quiet.behind == UNSET] = UNSET
+        self._last_peer = peer_newest.copy()

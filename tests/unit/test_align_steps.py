@@ -85,3 +85,17 @@ def test_after_a_rest_a_live_node_waits_the_step_bound_for_its_per_step_topics()
         burst(a, WAIT, "w", range(30, 31))
         assert a.advance(now_ns=T0 + 31 * GRID + lands_ms * MS).late == []  # within the lateness either way
         assert [f.count("n_dataloader_wait_ms") for f in out(a.flush_all())][-1] == 10
+
+
+def test_a_live_nodes_buffered_flush_after_a_broker_outage_holds_its_per_step_topic_like_any_other() -> None:
+    a = GridAligner(PARAMS)
+    live(a, 30, {})
+    # The broker was away 10 s; the collector's client then sends its buffer: the clocked topics' part
+    # in one poll, the dataloader's 5 s later (recent data: the node counts as live).
+    burst(a, POWER, "p", range(30, 40))
+    burst(a, TEMP, "t", range(30, 40))
+    assert [f.tick_ns for f in out(a.advance(now_ns=T0 + 40 * GRID))] == []
+    assert out(a.advance(now_ns=T0 + 45 * GRID)) == []  # the peers ran 10 s ahead at once: not a pause
+    burst(a, WAIT, "w", range(30, 40))
+    adv = a.advance(now_ns=T0 + 45 * GRID)
+    assert adv.late == [] and [f.count("n_dataloader_wait_ms") for f in out(adv)] == [10] * 10
