@@ -13,6 +13,9 @@
 #   FLOPWATCH_STATE_DIR                  default <repo>/.flopwatch
 #   FLOPWATCH_CLICKHOUSE_PORT            native TCP port, default 9000
 #   FLOPWATCH_CLICKHOUSE_HTTP_PORT       HTTP port, default 8123
+#   FLOPWATCH_CLICKHOUSE_SECURE_PORT     native protocol over TLS, default port + 440
+#                                        (9440), certificate of a throw-away CA in
+#                                        <state>/tls/ca.pem (deploy/tls.sh)
 #   FLOPWATCH_CLICKHOUSE_TEST_PASSWORD   password of user `flopwatch`,
 #                                        default "flopwatch-test"
 #   FLOPWATCH_CLICKHOUSE_START_TIMEOUT   default 60 (s)
@@ -84,6 +87,7 @@ instance="${FLOPWATCH_CLICKHOUSE_INSTANCE:-clickhouse}"
 state="$state_root/$instance"
 port="${FLOPWATCH_CLICKHOUSE_PORT:-9000}"
 http_port="${FLOPWATCH_CLICKHOUSE_HTTP_PORT:-8123}"
+secure_port="${FLOPWATCH_CLICKHOUSE_SECURE_PORT:-$((port + 440))}"  # native protocol over TLS
 password="${FLOPWATCH_CLICKHOUSE_TEST_PASSWORD:-flopwatch-test}"
 timeout_s="${FLOPWATCH_CLICKHOUSE_START_TIMEOUT:-60}"
 pidfile="$state/clickhouse.pid"
@@ -94,6 +98,8 @@ say() { echo "clickhouse: $*" >&2; }
 die() { say "$*"; exit 1; }
 # shellcheck source=deploy/proc.sh
 source "$(dirname "${BASH_SOURCE[0]}")/proc.sh"
+# shellcheck source=deploy/tls.sh
+source "$(dirname "${BASH_SOURCE[0]}")/tls.sh"
 
 # Debian 18.16 ships a small /usr/sbin/clickhouse-server linked to
 # libclickhouse.so; upstream packages ship one /usr/bin/clickhouse binary with
@@ -143,6 +149,7 @@ write_config() {
   [[ -f "$state_root/.gitignore" ]] || printf '*\n' >"$state_root/.gitignore"
   local sha
   sha="$(printf '%s' "$password" | sha256sum | cut -d' ' -f1)"
+  make_test_tls "$state/tls"
 
   # Small caches and connection limits for a laptop/CI box; everything
   # (data, tmp, logs, user_files) under the state dir so nothing needs root
@@ -160,7 +167,20 @@ write_config() {
     </logger>
     <listen_host>127.0.0.1</listen_host>
     <tcp_port>$port</tcp_port>
+    <tcp_port_secure>$secure_port</tcp_port_secure>
     <http_port>$http_port</http_port>
+    <!-- TLS for the native protocol, with a throw-away CA ($state/tls/ca.pem: what clients trust). -->
+    <openSSL>
+        <server>
+            <certificateFile>$state/tls/server.crt</certificateFile>
+            <privateKeyFile>$state/tls/server.key</privateKeyFile>
+            <verificationMode>none</verificationMode>
+            <loadDefaultCAFile>false</loadDefaultCAFile>
+            <cacheSessions>true</cacheSessions>
+            <disableProtocols>sslv2,sslv3</disableProtocols>
+            <preferServerCiphers>true</preferServerCiphers>
+        </server>
+    </openSSL>
     <max_connections>256</max_connections>
     <keep_alive_timeout>3</keep_alive_timeout>
     <max_concurrent_queries>50</max_concurrent_queries>

@@ -77,6 +77,8 @@ die() { say "$*"; exit 1; }
 . "$repo_root/deploy/kafka_jars.sh"
 # shellcheck source=deploy/kafka_cluster.sh
 . "$repo_root/deploy/kafka_cluster.sh"
+# shellcheck source=deploy/tls.sh
+. "$repo_root/deploy/tls.sh"
 # shellcheck source=deploy/kafka_secure.sh
 . "$repo_root/deploy/kafka_secure.sh"
 

@@ -9,7 +9,7 @@
 # credentials.env (mode 600) beside the CA. Nothing of it is printed.
 #
 # The caller sets state, heap, timeout_s, log4j and the jar variables (kafka_jars.sh), and defines
-# say(), die(), kafka_tool, port_open and ensure_classpath.
+# say(), die(), kafka_tool, port_open, ensure_classpath and make_test_tls (deploy/tls.sh).
 
 secure_root="${FLOPWATCH_KAFKA_SECURE_DIR:-$state/secure}"
 secure_port="${FLOPWATCH_KAFKA_SECURE_PORT:-9192}"
@@ -21,27 +21,6 @@ secure_alive() {
   pid="$(cat "$secure_pidfile" 2>/dev/null)" || return 1
   [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null \
     && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$secure_root/server.properties"
-}
-
-# The CA, the broker's key and certificate (for 127.0.0.1 and localhost), made once.
-secure_certs() {
-  local d="$secure_root/tls"
-  [[ -s "$d/ca.pem" && -s "$d/broker.pem" ]] && return 0
-  command -v openssl >/dev/null || die "openssl not found (needed for the TLS certificates)"
-  mkdir -p "$d"
-  (
-    umask 077
-    openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=flopwatch test CA" \
-      -keyout "$d/ca.key" -out "$d/ca.pem" 2>/dev/null
-    openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" -keyout "$d/broker.key" -out "$d/broker.csr" 2>/dev/null
-    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >"$d/san.ext"
-    openssl x509 -req -in "$d/broker.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial -days 30 \
-      -extfile "$d/san.ext" -out "$d/broker.crt" 2>/dev/null
-    # The broker's PEM keystore: its key (PKCS#8, unencrypted) then its certificate chain.
-    openssl pkcs8 -topk8 -nocrypt -in "$d/broker.key" -out "$d/broker.p8"
-    cat "$d/broker.p8" "$d/broker.crt" "$d/ca.pem" >"$d/broker.pem"
-  ) || die "openssl could not make the certificates"
-  chmod 644 "$d/ca.pem"
 }
 
 secure_credentials() {
@@ -64,7 +43,7 @@ secure_start() {
   ensure_classpath
   write_logging
   mkdir -p "$secure_root/data" "$secure_root/logs"
-  secure_certs
+  make_test_tls "$secure_root/tls"
   secure_credentials
   local props="$secure_root/server.properties" cport=$((secure_port + 1)) pid
   (umask 077
@@ -78,7 +57,7 @@ sasl.enabled.mechanisms=SCRAM-SHA-512
 sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
 listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" password="$KAFKA_ADMIN_PASSWORD";
 ssl.keystore.type=PEM
-ssl.keystore.location=$secure_root/tls/broker.pem
+ssl.keystore.location=$secure_root/tls/server.pem
 ssl.truststore.type=PEM
 ssl.truststore.location=$secure_root/tls/ca.pem
 ssl.endpoint.identification.algorithm=https

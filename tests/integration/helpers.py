@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import queue
 import signal
@@ -10,11 +11,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import orjson
 
+from agents.collect.simulator import SimulatorPublisher
 from agents.settings import Settings, settings_env
 from agents.sinks.clickhouse import open_backend
 from schemas import ddl
@@ -181,3 +183,24 @@ def assert_rollups_match_frames(settings: Settings) -> None:
             assert rolled == raw, (r.table, rolled[:4], raw[:4])
     finally:
         backend.close()
+
+
+@contextlib.contextmanager
+def live_run(settings: Settings, params: SimParams, seconds: float,
+             batch_size: int = 100) -> Iterator[tuple[SimulatorPublisher, Worker, threading.Thread]]:
+    """A worker, and the simulator publishing ``params`` live for ``seconds`` (recorded) once the worker has
+    its partitions; both stopped at the end, whatever happened. Yields the publisher, the worker and the
+    publishing thread (join it before comparing with ``pub.sent``)."""
+    pub = SimulatorPublisher(settings, params, batch_size=batch_size, record=True)
+    worker = Worker(settings)
+    stop = threading.Event()
+    producing = threading.Thread(target=pub.live, args=(seconds, stop))
+    try:
+        worker.wait_for_log("assigned partitions [")
+        producing.start()
+        yield pub, worker, producing
+    finally:
+        stop.set()
+        if producing.is_alive():
+            producing.join(60)
+        worker.stop()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import random
 import subprocess
-import threading
 import time
 from typing import Any
 
@@ -22,7 +21,7 @@ from agents.sinks.clickhouse import open_backend
 from schemas.records import SampleBatch
 from streams.sim.simulate import SimParams
 from tests.integration.conftest import ROOT
-from tests.integration.helpers import Worker, assert_frames_equal, stored_frames
+from tests.integration.helpers import Worker, assert_frames_equal, live_run, stored_frames
 from tests.oracle import oracle, series_of
 
 pytestmark = pytest.mark.integration
@@ -119,13 +118,7 @@ def test_a_broker_restart_while_collectors_produce_loses_nothing_and_makes_nothi
     assert status.returncode == 0, "this test restarts the local broker of deploy/kafka.sh, which is not running"
     settings = native_settings.replace(source_idle_s=15.0)
     params = SimParams(nodes=2, gpus=2, seed=63, start_ns=whole_second(0))
-    pub = SimulatorPublisher(settings, params, batch_size=100, record=True)
-    worker = Worker(settings)
-    stop = threading.Event()
-    producing = threading.Thread(target=pub.live, args=(70.0, stop))
-    try:
-        worker.wait_for_log("assigned partitions [")
-        producing.start()
+    with live_run(settings, params, 70.0) as (pub, worker, producing):
         worker.wait_for(lambda st: st["frames_written"] > 0)
         time.sleep(5.0)
         _kafka("stop")
@@ -133,11 +126,5 @@ def test_a_broker_restart_while_collectors_produce_loses_nothing_and_makes_nothi
         _kafka("start")
         producing.join(120)
         assert not producing.is_alive()
-        sent = list(pub.sent)
-        last = wait_exact(worker, settings, sent, timeout_s=180)
+        last = wait_exact(worker, settings, list(pub.sent), timeout_s=180)
         assert last["samples"] == pub.stats.samples
-    finally:
-        stop.set()
-        if producing.is_alive():
-            producing.join(60)
-        worker.stop()

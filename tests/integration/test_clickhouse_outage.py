@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-import threading
 import time
 
 import pytest
 
-from agents.collect.simulator import SimulatorPublisher
 from agents.settings import Settings
 from streams.sim.simulate import SimParams
 from tests.integration.conftest import ROOT
-from tests.integration.helpers import Worker
+from tests.integration.helpers import live_run
 from tests.integration.test_bursts import wait_exact, whole_second
 
 pytestmark = pytest.mark.integration
@@ -34,14 +32,8 @@ def peak_rss_mib(pid: int) -> float:
 def test_clickhouse_outages_of_10_and_60_s_lose_and_double_nothing(native_settings: Settings) -> None:
     # 4 nodes x 8 GPUs: 36 frames a second; 200 rows a flush: reading pauses at 800 buffered rows.
     settings = native_settings.replace(flush_rows=200)
-    pub = SimulatorPublisher(settings, SimParams(nodes=4, gpus=8, seed=66, start_ns=whole_second(0)),
-                             batch_size=100, record=True)
-    worker = Worker(settings)
-    stop = threading.Event()
-    producing = threading.Thread(target=pub.live, args=(120.0, stop))
-    try:
-        worker.wait_for_log("assigned partitions [")
-        producing.start()
+    with live_run(settings, SimParams(nodes=4, gpus=8, seed=66, start_ns=whole_second(0)), 120.0) as (
+            pub, worker, producing):
         worker.wait_for(lambda st: st["frames_written"] > 0)
         for outage_s in (10.0, 60.0):
             time.sleep(8.0)
@@ -61,8 +53,3 @@ def test_clickhouse_outages_of_10_and_60_s_lose_and_double_nothing(native_settin
         wait_exact(worker, settings, list(pub.sent), timeout_s=240)
         print(f"peak RSS of the worker through both outages: {rss:.0f} MiB")
         assert rss < 1024
-    finally:
-        stop.set()
-        if producing.is_alive():
-            producing.join(60)
-        worker.stop()

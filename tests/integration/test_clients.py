@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +12,7 @@ from agents.kafka.producer import DeliveryError, SampleProducer
 from agents.settings import Settings
 from agents.sinks.clickhouse import Backend, ClickHouseError, NativeBackend, open_backend
 from agents.sinks.schema import ensure_schema
+from tests.integration.conftest import ROOT
 
 pytestmark = pytest.mark.integration
 
@@ -69,3 +72,22 @@ def test_the_frames_retention_is_the_setting_and_follows_a_change(base_settings:
         assert ttl(backend) == 45
     finally:
         backend.close()
+
+
+def test_native_backend_over_tls_with_a_password_trusts_the_servers_ca_only(native_settings: Settings) -> None:
+    """deploy/clickhouse.sh serves the native protocol over TLS on its port + 440, with a throw-away CA."""
+    ca = Path(os.environ.get("FLOPWATCH_STATE_DIR", ROOT / ".flopwatch")) / "clickhouse" / "tls" / "ca.pem"
+    tls = native_settings.replace(clickhouse_port=native_settings.clickhouse_port + 440, clickhouse_secure=True,
+                                  clickhouse_ca_certs=str(ca))
+    backend = NativeBackend(tls, attempts=1)
+    # 18.16 has no currentUser(): the running query's own row in system.processes names its user.
+    mark = "SELECT any(user) FROM system.processes WHERE query LIKE '%tls-user-check%'"
+    assert backend.rows(mark)[1] == [(native_settings.clickhouse_user,)]
+    backend.close()
+    untrusted = NativeBackend(tls.replace(clickhouse_ca_certs=""), attempts=1)  # the system's CAs only
+    with pytest.raises(ClickHouseError, match=r"unreachable.*(certificate|SSL)") as err:
+        untrusted.rows("SELECT 1")
+    assert tls.clickhouse_password.get() not in str(err.value)
+    plain = NativeBackend(tls.replace(clickhouse_secure=False), attempts=1)  # plain text to the TLS port
+    with pytest.raises(ClickHouseError):
+        plain.rows("SELECT 1")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 import os
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,14 +17,13 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
-from agents.collect.simulator import SimulatorPublisher
 from agents.kafka.admin import delete_topics, ensure_topics
 from agents.kafka.topics import Topics, confluent_config
 from agents.settings import Settings, load_settings
 from agents.sinks.clickhouse import NativeBackend
 from streams.sim.simulate import SimParams
 from tests.integration.conftest import ROOT
-from tests.integration.helpers import Worker
+from tests.integration.helpers import live_run
 from tests.integration.test_bursts import wait_exact, whole_second
 
 pytestmark = pytest.mark.integration
@@ -110,15 +108,9 @@ def test_the_topics_are_replicated_three_times_with_two_in_sync_required(cluster
 
 def test_two_broker_kills_mid_run_lose_and_duplicate_nothing(cluster: Cluster, cluster_settings: Settings) -> None:
     settings = cluster_settings
-    pub = SimulatorPublisher(settings, SimParams(nodes=2, gpus=2, seed=65, start_ns=whole_second(0)),
-                             batch_size=100, record=True)
-    worker = Worker(settings)
-    stop = threading.Event()
-    producing = threading.Thread(target=pub.live, args=(80.0, stop))
     killed: list[int] = []
-    try:
-        worker.wait_for_log("assigned partitions [")
-        producing.start()
+    with live_run(settings, SimParams(nodes=2, gpus=2, seed=65, start_ns=whole_second(0)), 80.0) as (
+            pub, worker, producing):
         worker.wait_for(lambda st: st["frames_written"] > 0)
         for _ in range(2):
             time.sleep(10.0)
@@ -131,8 +123,3 @@ def test_two_broker_kills_mid_run_lose_and_duplicate_nothing(cluster: Cluster, c
         assert not producing.is_alive()
         last = wait_exact(worker, settings, list(pub.sent), timeout_s=180)
         assert last["samples"] == pub.stats.samples and len(set(killed)) == 2
-    finally:
-        stop.set()
-        if producing.is_alive():
-            producing.join(60)
-        worker.stop()
