@@ -18,7 +18,7 @@ never many.
 >>> store.add(rows([0], [9]))
 >>> store.take_done(np.array([6, 6], np.int64)).tick.tolist()  # both nodes close below tick 6
 [5]
->>> len(store), store.ticks().tolist()
+>>> len(store), store.rows().tick.tolist()
 (2, [7, 9])
 """
 
@@ -120,11 +120,6 @@ class OpenSamples:
         if not self._chunks:
             return Rows.empty()
         return Rows.concat([c.rows for c in self._chunks])
-
-    def ticks(self) -> I64:
-        if not self._chunks:
-            return np.empty(0, np.int64)
-        return np.concatenate([c.rows.tick for c in self._chunks])
 
     def take_done(self, close: I64) -> Rows:
         """Remove and return the samples whose tick is below their node's ``close``."""

@@ -66,7 +66,8 @@ class StepRule:
     >>> idle, margin = rule.bounds(step, live, none, none, qs, np.array([0, 0]), peer, p)
     >>> idle.tolist(), margin.tolist()  # the per-step stream: the short bound, no margin
     ([5, 100], [0, 2])
-    >>> rule.note(qs, qs.holding(front, peer, np.array([0, 0]), idle, margin), peer)
+    >>> _ = qs.holding(front, peer, np.array([0, 0]), idle, margin)
+    >>> rule.note(qs, peer)
     >>> qs.behind.tolist()[0] == 0  # it fell behind (a peer is newer) at quiet time 0
     True
     >>> idle, _ = rule.bounds(step, live, none, none, qs, np.array([1, 1]), np.array([30, 30]), p)
@@ -104,10 +105,9 @@ class StepRule:
         return (np.where(fast, params.step_idle_ns, params.idle_ns).astype(np.int64),
                 np.where(fast, 0, params.allowed_lateness_ns).astype(np.int64))
 
-    def note(self, quiet: QuietStreams, held: BoolArr, peer_newest: I64) -> None:
+    def note(self, quiet: QuietStreams, peer_newest: I64) -> None:
         """After ``quiet.holding``: streams whose timer started (or restarted) now take the peers' newest from
         before this poll."""
-        del held  # the timers, not the result, are what changed
         started = quiet.behind != self._before
         before = peer_newest.copy()
         before[: len(self._last_peer)] = np.minimum(self._last_peer[: len(before)], before[: len(self._last_peer)])

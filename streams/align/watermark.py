@@ -125,7 +125,7 @@ class Fronts:
         idle, margin = self.series_steps.bounds(step, node_live[s_node], delivered, node_delivered[s_node], sq,
                                                 q_series, peer, params)
         series_held = sq.holding(front, peer, q_series, idle, margin) & (front > NO_TS)
-        self.series_steps.note(sq, series_held, peer)
+        self.series_steps.note(sq, peer)
         # A source that has carried only per-step series takes their rule.
         src_step = np.zeros(len(self.src_newest), bool)
         src_step[s_src] = True
@@ -139,7 +139,7 @@ class Fronts:
         idle, margin = self.source_steps.bounds(src_step, src_live, src_delivered,
                                                 np.full(len(src_step), any_delivered), oq, q_src, peer, params)
         source_held = oq.holding(self.src_newest, peer, q_src, idle, margin)
-        self.source_steps.note(oq, source_held, peer)
+        self.source_steps.note(oq, peer)
         return series_held, source_held, sq.quiet_for(q_series)
 
     def watermarks(self, reg: StreamRegistry, series_held: BoolArr, source_held: BoolArr,
