@@ -113,7 +113,7 @@ class Enricher:
         d = derive(batch, self._pricing, self.grid_ns, self.idle, peaks)
         batch.derived, batch.notes = d.columns, d.notes
         if self.subticks is not None:
-            batch.sub_fpw = self._profiles(batch, ticks)
+            batch.sub_fpw = self._profiles(batch)
         # Ticks release their series as they close; this drops series of nodes that went away.
         # The slack spares nodes whose ticks close later than this batch's (held, lagging).
         self.spikes.evict_before(int(batch.tick_ns.min()) - EVICT_SLACK_NS)
@@ -121,17 +121,13 @@ class Enricher:
             self.subticks.evict_before(int(batch.tick_ns.min()) - EVICT_SLACK_NS)
         return batch
 
-    def _profiles(self, batch: FrameBatch, ticks: list[int]) -> list[tuple[float | None, ...]]:
+    def _profiles(self, batch: FrameBatch) -> list[tuple[float | None, ...]]:
         st = self.subticks
         assert st is not None
-        tensor, sm = batch.values["tensor_active"].tolist(), batch.values["sm_active"].tolist()
-        power, fpw = batch.values["power"].tolist(), batch.derived["flops_per_watt"].tolist()
-        out = []
-        for i, (node, gpu, tick) in enumerate(zip(batch.node, batch.gpu, ticks, strict=True)):
-            activity = tensor[i] if tensor[i] == tensor[i] else sm[i]
-            out.append(st.profile(node, gpu, tick, fpw[i], activity, power[i]))
-            st.release(node, gpu, tick)  # a node's ticks close in order
-        return out
+        tensor, sm = batch.values["tensor_active"], batch.values["sm_active"]
+        activity = np.where(tensor == tensor, tensor, sm)
+        return st.close(batch.node, batch.gpu, batch.tick_ns, batch.derived["flops_per_watt"], activity,
+                        batch.values["power"])
 
 
 class TappedAligner(GridAligner):

@@ -8,8 +8,15 @@ buckets of ``bucket_ns``, and gives each closed frame its profile: the FLOPS/W o
 scaled from the frame's own FLOPS/W (so the profile's mean matches the frame, whatever the price
 book says the GPU's peak is), None where a bucket has no activity or power sample.
 
-Bounded: a GPU's buckets are released as its ticks close (``release``), buckets behind
-``evict_before`` are dropped with GPUs that went away, and at most ``max_series`` GPUs are held.
+Columnar, because it sees every activity and power sample: ``add`` only queues a message's arrays;
+the queue is folded into the held sums with one grouped numpy reduction when frames close, and a
+batch of closed frames gets its profiles and releases its buckets in one pass (``close``). The held
+sums are one sorted key column (GPU id and bucket packed into an int64) and a (buckets, 6) array
+of [tensor sum, n, sm sum, n, power sum, n].
+
+Bounded: a GPU's buckets are released as its ticks close, buckets behind ``evict_before`` are
+dropped with GPUs that went away, at most ``max_series`` GPUs are held, and the queue is folded
+once it holds ``fold_samples`` samples.
 
 >>> import numpy as np
 >>> st = SubTicks(bucket_ns=100, grid_ns=1_000)
@@ -23,6 +30,7 @@ Bounded: a GPU's buckets are released as its ticks close (``release``), buckets 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Final
 
 import numpy as np
@@ -31,105 +39,151 @@ import numpy.typing as npt
 TENSOR: Final = 0
 SM: Final = 1
 POWER: Final = 2
-_SMALL: Final = 32  # calls with at most this many samples take the plain loop (numpy's per-call cost)
+_SHIFT: Final = 40  # key = GPU id << 40 | bucket: buckets of 100 ms reach 2**40 in ~3,500 years of ns time
+_MASK: Final = (1 << _SHIFT) - 1
+_FOLD_SAMPLES: Final = 1 << 20
+
+Profile = tuple[float | None, ...]
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
 
 
 class SubTicks:
     """Activity and power sums per bucket, per (node, gpu)."""
 
-    def __init__(self, bucket_ns: int, grid_ns: int, max_series: int = 200_000) -> None:
+    def __init__(self, bucket_ns: int, grid_ns: int, max_series: int = 200_000,
+                 fold_samples: int = _FOLD_SAMPLES) -> None:
         if bucket_ns <= 0 or grid_ns % bucket_ns:
             raise ValueError("grid_ns must be a multiple of bucket_ns > 0")
+        if max_series >= 1 << (63 - _SHIFT):
+            raise ValueError(f"max_series must be below {1 << (63 - _SHIFT)}")
         self.bucket_ns, self.grid_ns, self.max_series = bucket_ns, grid_ns, max_series
-        # (node, gpu) -> bucket -> [tensor sum, n, sm sum, n, power sum, n]
-        self._series: OrderedDict[tuple[str, str], dict[int, list[float]]] = OrderedDict()
-        # (node, gpu) -> no bucket below this is held: ``release`` drops a range instead of scanning every bucket
-        # (a batched message holds ~100 buckets ahead; a scan per closed tick was 16% of the worker's time)
-        self._lo: dict[tuple[str, str], int] = {}
-        self._floor = -(2**62)
+        self.fold_samples = fold_samples
+        self._ids: OrderedDict[tuple[str, str], int] = OrderedDict()  # least recently fed first
+        self._free: list[int] = []  # ids whose buckets are gone, to reuse
+        self._dead: list[int] = []  # ids of evicted GPUs whose buckets the next fold drops
+        self._released = np.zeros(0, np.int64)  # per id: no bucket below this is held once folded
+        # The queue: per message, its id, kind, stamps and values
+        self._queue: list[tuple[int, int, I64, F64]] = []
+        self._queued = 0
+        self._keys = np.zeros(0, np.int64)
+        self._sums = np.zeros((0, 6), np.float64)
+        self._floor = 0  # buckets below this are closed (evict_before); negative stamps are never held
 
-    def add(self, node: str, gpu: str, kind: int, ts_ns: npt.NDArray[np.int64], values: npt.NDArray[np.float64]
-            ) -> None:
-        # This runs on the ingest's hot path, per message: small calls (~10 samples at 10 Hz) take a plain
-        # loop, where numpy's per-call overhead would cost more; batched messages group with numpy.
+    def add(self, node: str, gpu: str, kind: int, ts_ns: I64, values: F64) -> None:
+        """Queue one GPU's ``kind`` samples (any order; NaN values are skipped)."""
         key = (node, gpu)
-        s = self._series.get(key)
-        if s is None:
-            s = self._series[key] = {}
-            if len(self._series) > self.max_series:
-                gone, _ = self._series.popitem(last=False)
-                self._lo.pop(gone, None)
+        sid = self._ids.get(key)
+        if sid is None:
+            sid = self._new_id(key)
         else:
-            self._series.move_to_end(key)
-        i, bns, floor, get = 2 * kind, self.bucket_ns, self._floor, s.get
-        if ts_ns.size > _SMALL:  # a batched message: group by bucket with numpy, then one update per bucket
-            b = ts_ns // bns
-            ok = (values == values) & (b >= floor)
-            buckets, inv = np.unique(b[ok], return_inverse=True)
-            if not buckets.size:
-                return
-            sums, counts = np.bincount(inv, weights=values[ok]), np.bincount(inv)
-            first = int(buckets[0])  # np.unique sorts
-            if first < self._lo.get(key, first + 1):
-                self._lo[key] = first
-            for bucket, total, count in zip(buckets.tolist(), sums.tolist(), counts.tolist(), strict=True):
-                acc = get(bucket)
-                if acc is None:
-                    acc = s[bucket] = [0.0, 0, 0.0, 0, 0.0, 0]
-                acc[i] += total
-                acc[i + 1] += count
-            return
-        for t, x in zip(ts_ns.tolist(), values.tolist(), strict=True):
-            if x != x:  # NaN
-                continue
-            bucket = t // bns
-            if bucket < floor:
-                continue
-            acc = get(bucket)
-            if acc is None:
-                acc = s[bucket] = [0.0, 0, 0.0, 0, 0.0, 0]
-                if bucket < self._lo.get(key, bucket + 1):
-                    self._lo[key] = bucket
-            acc[i] += x
-            acc[i + 1] += 1
+            self._ids.move_to_end(key)
+        self._queue.append((sid, kind, ts_ns, values))
+        self._queued += len(ts_ns)
+        if self._queued >= self.fold_samples:
+            self._fold()
 
-    def profile(self, node: str, gpu: str, tick_ns: int, fpw: float, activity: float, power: float
-                ) -> tuple[float | None, ...]:
-        """The tick's FLOPS/W per bucket, from the frame's ``fpw`` and the means it was made of."""
-        n = self.grid_ns // self.bucket_ns
-        s = self._series.get((node, gpu))
-        if s is None or not (fpw == fpw and activity > 0 and power > 0):
-            return (None,) * n
-        first = tick_ns // self.bucket_ns
-        use = TENSOR if any(s.get(first + k, (0.0,) * 6)[1] for k in range(n)) else SM
-        out: list[float | None] = []
-        for k in range(n):
-            acc = s.get(first + k)
-            if acc is None or not acc[2 * use + 1] or not acc[5] or acc[4] <= 0:
-                out.append(None)
-                continue
-            act_b, power_b = acc[2 * use] / acc[2 * use + 1], acc[4] / acc[5]
-            out.append(fpw * (act_b / activity) * (power / power_b))
-        return tuple(out)
+    def _new_id(self, key: tuple[str, str]) -> int:
+        if len(self._ids) >= self.max_series:
+            _, gone = self._ids.popitem(last=False)
+            self._dead.append(gone)
+        if not self._free:
+            self._fold()  # drops the dead ids' buckets, so their ids can be reused
+        if self._free:
+            sid = self._free.pop()
+        else:
+            sid = len(self._released)
+            self._released = np.append(self._released, np.zeros(max(sid, 64), np.int64))
+            self._free.extend(range(len(self._released) - 1, sid, -1))
+        self._released[sid] = 0
+        self._ids[key] = sid
+        return sid
+
+    def _fold(self) -> None:
+        """Fold the queue into the held sums; drop what is released, evicted or behind the floor."""
+        if self._queue:
+            sids = np.concatenate([np.full(len(t), sid, np.int64) for sid, _, t, _ in self._queue])
+            cols = np.concatenate([np.full(len(t), 2 * kind, np.int64) for _, kind, t, _ in self._queue])
+            ts = np.concatenate([t for _, _, t, _ in self._queue])
+            vs = np.concatenate([v for _, _, _, v in self._queue])
+            self._queue, self._queued = [], 0
+            buckets = ts // self.bucket_ns
+            ok = (vs == vs) & (buckets >= self._floor) & (buckets <= _MASK)
+            keys = (sids[ok] << _SHIFT) | buckets[ok]
+            cols, vs = cols[ok], vs[ok]
+            allk = np.concatenate([self._keys, keys])
+            uniq, inv = np.unique(allk, return_inverse=True)
+            sums = np.zeros((len(uniq), 6), np.float64)
+            held = len(self._keys)
+            sums[inv[:held]] = self._sums  # held keys are unique: a plain scatter
+            new = inv[held:]
+            # One grouped reduction for the values and one for the counts, both in arrival order.
+            flat = new * 6 + cols
+            size = 6 * len(uniq)
+            sums += (np.bincount(flat, weights=vs, minlength=size)
+                     + np.bincount(flat + 1, minlength=size)).reshape(-1, 6)
+            self._keys, self._sums = uniq, sums
+        keep = (self._keys & _MASK) >= np.maximum(self._released[self._keys >> _SHIFT], self._floor)
+        if self._dead:
+            keep &= ~np.isin(self._keys >> _SHIFT, np.array(self._dead, np.int64))
+            self._free.extend(self._dead)
+            self._dead = []
+        if not keep.all():
+            self._keys, self._sums = self._keys[keep], self._sums[keep]
+
+    def close(self, nodes: Sequence[str], gpus: Sequence[str], ticks: I64, fpw: F64, activity: F64, power: F64
+              ) -> list[Profile]:
+        """Profiles of closed frames (the tick's FLOPS/W per bucket, from each frame's ``fpw`` and the means it
+        was made of), then their ticks' buckets released: a node's ticks close in order."""
+        n_frames, per = len(ticks), self.grid_ns // self.bucket_ns
+        if not n_frames:
+            return []
+        self._fold()
+        ids = self._ids
+        sid = np.array([ids.get(k, -1) for k in zip(nodes, gpus, strict=True)], np.int64)
+        first = np.asarray(ticks, np.int64) // self.bucket_ns
+        want = ((np.maximum(sid, 0) << _SHIFT) | first)[:, None] + np.arange(per, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self._keys, want), max(len(self._keys) - 1, 0))
+        if len(self._keys):
+            found = (self._keys[pos] == want) & (sid >= 0)[:, None]
+            acc = np.where(found[:, :, None], self._sums[pos], 0.0)  # (frames, buckets, 6)
+        else:
+            acc = np.zeros((n_frames, per, 6))
+        tensor: npt.NDArray[np.bool_] = np.asarray((acc[:, :, 1] > 0).any(axis=1))
+        act_sum = np.where(tensor[:, None], acc[:, :, 0], acc[:, :, 2])
+        act_n = np.where(tensor[:, None], acc[:, :, 1], acc[:, :, 3])
+        fpw, activity, power = (np.asarray(x, np.float64)[:, None] for x in (fpw, activity, power))
+        ok = (act_n > 0) & (acc[:, :, 5] > 0) & (acc[:, :, 4] > 0) & (fpw == fpw) & (activity > 0) & (power > 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            # The same operations, in the same order, as one frame's profile always took.
+            prof = fpw * ((act_sum / act_n) / activity) * (power / (acc[:, :, 4] / acc[:, :, 5]))
+        prof = np.where(ok, prof, np.nan)
+        # Release: per GPU, up to the end of its newest closed tick.
+        known = sid >= 0
+        if known.any():
+            np.maximum.at(self._released, sid[known], first[known] + per)
+        out: list[Profile] = []
+        none = (None,) * per
+        for row, any_ok in zip(prof.tolist(), ok.any(axis=1).tolist(), strict=True):
+            out.append(tuple(None if x != x else x for x in row) if any_ok else none)
+        return out
+
+    def profile(self, node: str, gpu: str, tick_ns: int, fpw: float, activity: float, power: float) -> Profile:
+        """One frame's profile, without releasing its buckets."""
+        sid = self._ids.get((node, gpu))
+        before = 0 if sid is None else int(self._released[sid])
+        got = self.close([node], [gpu], np.array([tick_ns], np.int64), np.array([fpw]), np.array([activity]),
+                         np.array([power]))[0]
+        if sid is not None:
+            self._released[sid] = before
+        return got
 
     def release(self, node: str, gpu: str, tick_ns: int) -> None:
-        """The GPU's ticks up to ``tick_ns`` are closed: drop their buckets."""
-        key = (node, gpu)
-        s = self._series.get(key)
-        if s is None:
-            return
-        end = (tick_ns + self.grid_ns) // self.bucket_ns
-        lo = self._lo.get(key)
-        if lo is None or lo >= end:
-            return  # nothing held below end
-        if end - lo <= 4 * len(s):
-            pop = s.pop
-            for bucket in range(lo, end):
-                pop(bucket, None)
-        else:  # a long gap since the last release: fewer buckets held than the range spans
-            for bucket in [b for b in s if b < end]:
-                del s[bucket]
-        self._lo[key] = end
+        """The GPU's ticks up to ``tick_ns`` are closed: drop their buckets (at the next fold)."""
+        sid = self._ids.get((node, gpu))
+        if sid is not None:
+            end = (tick_ns + self.grid_ns) // self.bucket_ns
+            self._released[sid] = max(int(self._released[sid]), end)
 
     def evict_before(self, ts_ns: int) -> None:
         """Drop buckets before ``ts_ns``, and GPUs left with none."""
@@ -137,15 +191,22 @@ class SubTicks:
         if floor <= self._floor:
             return
         self._floor = floor
-        for key in list(self._series):
-            s = self._series[key]
-            for bucket in [b for b in s if b < floor]:
-                del s[bucket]
-            if not s:
-                del self._series[key]
-                self._lo.pop(key, None)
-            elif self._lo.get(key, floor) < floor:
-                self._lo[key] = floor
+        self._fold()
+        alive = set(np.unique(self._keys >> _SHIFT).tolist())
+        for key, sid in list(self._ids.items()):
+            if sid not in alive:
+                del self._ids[key]
+                self._free.append(sid)
 
     def buckets_held(self) -> int:
-        return sum(len(s) for s in self._series.values())
+        self._fold()
+        return len(self._keys)
+
+    def buckets_of(self, node: str, gpu: str) -> list[int]:
+        """The buckets held for one GPU, in order (for tests and inspection)."""
+        self._fold()
+        sid = self._ids.get((node, gpu))
+        if sid is None:
+            return []
+        held: list[int] = (self._keys[(self._keys >> _SHIFT) == sid] & _MASK).tolist()
+        return held

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streams.efficiency.subticks import POWER, SM, TENSOR, SubTicks
 
@@ -66,5 +68,72 @@ def test_release_drops_exactly_the_closed_ticks_whatever_was_held(batched: bool)
     st.add("n", "0", POWER, ts(600, n), np.full(n, 300.0))  # far ahead: the range to the next release is long
     st.release("n", "0", 600 * S)
     assert st.buckets_held() == n - 10
-    held = st._series[("n", "0")]
+    held = st.buckets_of("n", "0")
     assert min(held) == (601 * S) // B and max(held) == (600 * S + (n - 1) * B + 5_000_000) // B
+
+
+class _Naive:
+    """The rule in its plainest form: every sample kept, each profile computed from them."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[str, int, int, float]] = []  # gpu, kind, ts, value
+        self.released: dict[str, int] = {}
+
+    def profile(self, gpu: str, tick: int, fpw: float, activity: float, power: float) -> tuple[float | None, ...]:
+        if not (fpw == fpw and activity > 0 and power > 0):
+            return (None,) * 10
+        floor = self.released.get(gpu, -1)
+        held = [(k, t // B, v) for g, k, t, v in self.samples if g == gpu and v == v and t // B >= floor]
+        first = tick // B
+        use = TENSOR if any(k == TENSOR and first <= b < first + 10 for k, b, _ in held) else SM
+        out: list[float | None] = []
+        for b in range(first, first + 10):
+            act = [v for k, bb, v in held if k == use and bb == b]
+            pw = [v for k, bb, v in held if k == POWER and bb == b]
+            if not act or not pw or sum(pw) <= 0:
+                out.append(None)
+            else:
+                out.append(fpw * ((sum(act) / len(act)) / activity) * (power / (sum(pw) / len(pw))))
+        return tuple(out)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["0", "1", "2"]), st.sampled_from([TENSOR, SM, POWER]),
+                          st.integers(0, 5), st.integers(1, 40),
+                          st.lists(st.one_of(st.floats(0, 800), st.just(float("nan"))), min_size=1, max_size=40)),
+                min_size=1, max_size=12),
+       st.integers(1, 3))
+def test_close_matches_the_rule_over_every_sample_whatever_the_arrival(
+        adds: list[tuple[str, int, int, int, list[float]]], closes: int) -> None:
+    """Messages of any size, for any GPU and kind, in any order, late ones included; closed ticks in order,
+    each profile against the plain rule over all samples not yet released."""
+    sub, naive = SubTicks(B, S, fold_samples=16), _Naive()
+    per_close = max(1, len(adds) // closes)
+    tick = 0
+    for i, (gpu, kind, start_s, step_ms, values) in enumerate(adds):
+        stamps = np.array([start_s * S + j * step_ms * 1_000_000 for j in range(len(values))], np.int64)
+        sub.add("n", gpu, kind, stamps, np.array(values))
+        naive.samples += [(gpu, kind, int(t), v) for t, v in zip(stamps.tolist(), values, strict=True)]
+        if (i + 1) % per_close == 0:
+            gpus = ["0", "1", "2"]
+            fpw, act, power = np.array([1e12, np.nan, 2e12]), np.array([0.5, 0.4, 0.0]), np.array([300.0] * 3)
+            got = sub.close(["n"] * 3, gpus, np.full(3, tick * S, np.int64), fpw, act, power)
+            for g, prof, f, a, p in zip(gpus, got, fpw, act, power, strict=True):
+                want = naive.profile(g, tick * S, float(f), float(a), float(p))
+                assert [x is None for x in prof] == [x is None for x in want]
+                assert [x for x in prof if x is not None] == pytest.approx([x for x in want if x is not None])
+                naive.released[g] = max(naive.released.get(g, -1), (tick + 1) * S // B)
+            tick += 1
+
+
+def test_gpus_beyond_the_bound_give_their_ids_and_buckets_back() -> None:
+    sub = SubTicks(B, S, max_series=2)
+    for g in range(6):  # each new GPU past two evicts the least recently fed, and reuses its id
+        sub.add("n", str(g), POWER, ts(0, 10), np.full(10, 100.0 + g))
+        sub.add("n", str(g), TENSOR, ts(0, 10), np.full(10, 0.5))
+    assert sub.buckets_held() == 2 * 10
+    assert sub.buckets_of("n", "0") == [] and len(sub.buckets_of("n", "5")) == 10
+    prof = sub.close(["n", "n"], ["4", "5"], np.zeros(2, np.int64), np.full(2, 1e12), np.full(2, 0.5),
+                     np.array([104.0, 105.0]))
+    assert prof == [pytest.approx([1e12] * 10)] * 2  # each GPU's own power: no sums mixed by a reused id
+    assert sub.buckets_held() == 0
