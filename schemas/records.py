@@ -7,12 +7,19 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
 
+import numpy as np
+import numpy.typing as npt
+
 WIRE_VERSION: Final = 1
 UTC_CLOCK: Final = "utc"
 
 LabelValue = str | int
 Labels = dict[str, LabelValue]
 
+
+# A message's times and values: lists from producers, numpy views or packed arrays once decoded.
+Times = Sequence[int] | npt.NDArray[np.int64]
+Values = Sequence[float] | npt.NDArray[np.float64]
 
 class RejectReason(StrEnum):
     """Stable reason codes of the dead-letter topic; consumers may switch on them."""
@@ -62,8 +69,10 @@ class SampleBatch:
     sensor: str
     node: str
     gpu: str
-    ts_ns: Sequence[int]  # decoded batches hold array('q') / array('d'): compact, and numpy reads them as is
-    value: Sequence[float]
+    # Decoded batches hold int64 and float64 numpy views of their poll's columns (schemas.codec), or
+    # array('q') / array('d'): compact either way, and numpy reads them as they are.
+    ts_ns: Times
+    value: Values
     clock: str = UTC_CLOCK
     labels: Labels | None = None
     ts_min: int | None = None  # filled by the decoder, which scans the times anyway

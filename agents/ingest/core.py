@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,9 +26,9 @@ from agents.runtime.timebase import SYSTEM_CLOCK, Clock
 from agents.settings import Settings
 from agents.sinks.store import FrameStore, Progress
 from schemas.catalog import CATALOG
-from schemas.codec import TimeLimits, decode_beacon, decode_k8s_event, decode_samples
+from schemas.codec import TimeLimits, decode_beacon, decode_k8s_event, decode_sample_messages, decode_samples
 from schemas.counters import Counters
-from schemas.records import UTC_CLOCK, Reject, RejectReason
+from schemas.records import UTC_CLOCK, Reject, RejectReason, SampleBatch
 from streams.align.aggregate import FrameBatch
 from streams.align.aligner import GridAligner, LateSamples, Recovered
 from streams.align.clock import ClockParams
@@ -158,9 +159,10 @@ class IngestCore:
                 waiting = self._waiting.setdefault(tp.partition, {})
                 clocks = self._clocks
                 pods = self.pods
-                for rec in records:
+                decoded = self._decode_all(records, name, limits)
+                for k, rec in enumerate(records):
                     try:  # zero cost unless it raises (3.11)
-                        res = decode_samples(rec.value or b"", name, limits)
+                        res = decoded[k] if decoded is not None else decode_samples(rec.value or b"", name, limits)
                         if isinstance(res, Reject):
                             dlq.send(res, rec.value, rec.key, tp.topic, tp.partition, rec.offset, rec.headers)
                             continue
@@ -170,6 +172,8 @@ class IngestCore:
                             if filled is not given:
                                 res = dataclasses.replace(res, labels=filled)
                         if res.clock != UTC_CLOCK:  # placed with a beacon read after it, or held for one
+                            # Its own copy: a view would keep the whole poll's columns while it waits.
+                            res = dataclasses.replace(res, ts_ns=array("q", res.ts_ns), value=array("d", res.value))
                             clocks.offer(tp.partition, aligner, waiting, rec, res, si)
                         else:
                             aligner.add(res.node, res.gpu, si, res.ts_ns, res.value, res.labels, si, rec.offset)
@@ -205,6 +209,15 @@ class IngestCore:
         stats.rejects = dlq.counts
         self.dirty = True
         return read
+
+    def _decode_all(self, records: Sequence[Record], name: str, limits: TimeLimits
+                    ) -> list[SampleBatch | Reject] | None:
+        """The partition's sample messages of this poll decoded together; None if that tripped a bug of ours,
+        and then each record is decoded alone (and dead-lettered alone if it trips it again)."""
+        try:
+            return decode_sample_messages([rec.value or b"" for rec in records], name, limits)
+        except Exception:
+            return None
 
     def _internal_error(self, exc: Exception, rec: Record, tp: TopicPartition) -> None:
         """A record that tripped a bug of ours: dead-lettered with the exception, the worker goes on

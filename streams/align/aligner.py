@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from schemas.catalog import CATALOG
 from schemas.frames import COUNT_COLUMNS, VALUE_COLUMNS
-from schemas.records import Labels
+from schemas.records import Labels, Times, Values
 from streams.align.aggregate import F64, I64, Frame, FrameBatch, aggregate
 from streams.align.correction import Correction, to_utc
 from streams.align.grid import Advance, AlignParams, LateSamples, Recovered
@@ -90,9 +90,9 @@ class GridAligner:
         self._recovered = recovered or Recovered()
         self._reg = StreamRegistry()
         self._fronts = Fronts()
-        # Input since the last advance: flat samples plus one entry per add call.
-        self._p_ts = array("q")
-        self._p_v = array("d")
+        # Input since the last advance: each add call's columns, plus one entry per call.
+        self._p_ts: list[I64] = []
+        self._p_v: list[F64] = []
         self._p_sid: list[int] = []
         self._p_len: list[int] = []
         self._p_src: list[int] = []
@@ -119,7 +119,7 @@ class GridAligner:
             if source not in self._reg.sources:
                 self._source_id(source)
 
-    def add(self, node: str, gpu: str, sensor_index: int, ts_ns: Sequence[int], values: Sequence[float],
+    def add(self, node: str, gpu: str, sensor_index: int, ts_ns: Times, values: Values,
             labels: Labels | None = None, source: Hashable = None, position: int = 0,
             correction: Correction | None = None) -> None:
         """Queue one series' samples; ``advance`` places them (or reports them late).
@@ -140,15 +140,11 @@ class GridAligner:
                                  self._recovered.counters.get((node, gpu, sensor_index)))
         if labels is not None:
             reg.labels[reg.s_pair[sid]] = labels
-        n = len(self._p_ts)
-        try:
-            self._p_ts.extend(ts_ns)
-            self._p_v.extend(values)
-            if len(self._p_ts) != len(self._p_v):
-                raise ValueError(f"{len(ts_ns)} times but {len(values)} values")
-        except Exception:
-            del self._p_ts[n:], self._p_v[n:]  # all or nothing: the caller may go on with the next message
-            raise
+        ts, v = _column(ts_ns, "q"), _column(values, "d")  # before any state changes: all or nothing
+        if len(ts) != len(v):
+            raise ValueError(f"{len(ts_ns)} times but {len(values)} values")
+        self._p_ts.append(ts)
+        self._p_v.append(v)
         self._p_sid.append(sid)
         self._p_len.append(len(ts_ns))
         self._p_src.append(src)
@@ -160,8 +156,8 @@ class GridAligner:
         if not self._p_len:
             return []
         lens = np.array(self._p_len, np.int64)
-        ts = np.frombuffer(self._p_ts, np.int64)
-        v = np.frombuffer(self._p_v, np.float64)
+        ts = np.concatenate(self._p_ts)
+        v = np.concatenate(self._p_v)
         msg_sids = np.array(self._p_sid, np.int64)
         msg_srcs = np.array(self._p_src, np.int64)
         sid = np.repeat(msg_sids, lens)
@@ -172,7 +168,7 @@ class GridAligner:
         else:
             unc = np.zeros(len(ts), np.int64)
         msg_src, msg_pos = self._p_src, self._p_pos
-        self._p_ts, self._p_v = array("q"), array("d")
+        self._p_ts, self._p_v = [], []
         self._p_sid, self._p_len, self._p_src, self._p_pos, self._p_fix = [], [], [], [], []
         reg, fronts = self._reg, self._fronts
         fronts.grow_series(len(reg.s_node))
@@ -326,3 +322,24 @@ class GridAligner:
 
 
 _REGISTRY: Final = ("_late_store", "_reg", "_fronts")
+
+
+def _column(xs: Times | Values, typecode: str) -> Any:
+    """A message's times (``"q"``) or values (``"d"``) as a numpy column.
+
+    An int64 or float64 array, such as the decoder's views into a poll's columns, is kept as it is (the
+    caller does not change it afterwards); anything else is copied through ``array``, whose type checks
+    refuse what does not fit (a float time, a string value) with TypeError or OverflowError.
+
+    >>> _column([1, 2], "q").dtype, _column(np.array([1.5]), "d").base is None
+    (dtype('int64'), True)
+    >>> _column([1.5], "q")
+    Traceback (most recent call last):
+    ...
+    TypeError: 'float' object cannot be interpreted as an integer
+    """
+    dtype = np.int64 if typecode == "q" else np.float64
+    if isinstance(xs, np.ndarray) and xs.dtype == dtype and xs.ndim == 1:
+        return xs
+    packed = xs if type(xs) is array and xs.typecode == typecode else array(typecode, xs)
+    return np.frombuffer(packed, dtype).copy() if packed is xs else np.frombuffer(packed, dtype)

@@ -20,7 +20,7 @@ hand in a function that re-reads the file the user edits.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable
 from typing import Final
 
 import numpy as np
@@ -29,7 +29,7 @@ from schemas.catalog import BY_NAME
 from schemas.frames import SPIKE_SENSORS, peak_column
 from schemas.gpus import peak_tflops
 from schemas.pricebook import PriceBook
-from schemas.records import Labels
+from schemas.records import Labels, Times, Values
 from streams.align.aggregate import FrameBatch
 from streams.align.aligner import GridAligner, Recovered
 from streams.align.correction import Correction, to_utc
@@ -79,7 +79,7 @@ class Enricher:
                          if grid_ns > spikes.bucket_ns and grid_ns % spikes.bucket_ns == 0 else None)
         self._pricing: BookPricing | None = None
 
-    def tap(self, node: str, gpu: str, sensor_index: int, ts_ns: Sequence[int], values: Sequence[float],
+    def tap(self, node: str, gpu: str, sensor_index: int, ts_ns: Times, values: Values,
             correction: Correction | None) -> None:
         name = SPIKE_SENSOR_INDEX.get(sensor_index)
         kind = SUB_SENSOR_INDEX.get(sensor_index)
@@ -137,7 +137,7 @@ class TappedAligner(GridAligner):
         super().__init__(params, recovered)
         self._enricher = enricher
 
-    def add(self, node: str, gpu: str, sensor_index: int, ts_ns: Sequence[int], values: Sequence[float],
+    def add(self, node: str, gpu: str, sensor_index: int, ts_ns: Times, values: Values,
             labels: Labels | None = None, source: Hashable = None, position: int = 0,
             correction: Correction | None = None) -> None:
         super().add(node, gpu, sensor_index, ts_ns, values, labels, source, position, correction)

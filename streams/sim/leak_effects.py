@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from schemas.catalog import HOST_GPU
-from schemas.records import SampleBatch
+from schemas.records import SampleBatch, Times, Values
 from streams.sim.scenario import TruthEvent
 
 S: Final = 1_000_000_000
@@ -73,7 +73,7 @@ class LeakEffects:
             b = SampleBatch(b.sensor, b.node, b.gpu, b.ts_ns, values, b.clock, b.labels)
         return self._unallocate(b)
 
-    def rewrite(self, sensor: str, node: str, gpu: str, ts: Sequence[int], values: Sequence[float],
+    def rewrite(self, sensor: str, node: str, gpu: str, ts: Times, values: Values,
                 idle_w: float) -> list[float]:
         out = list(values)
         touched = False

@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from typing import Final, Literal
 
-from schemas.records import K8sEvent, SampleBatch
+from schemas.records import K8sEvent, SampleBatch, Times
 from streams.sim.leak_effects import LeakEffects
 from streams.sim.physics import NodeSpec, SimParams
 from streams.sim.scenario import LoadProfile, Scenario, TruthEvent
@@ -194,7 +194,7 @@ def _load(t: TruthEvent) -> _Load:
     return _Load(t.start_ns, t.end_ns, t.profile, t.level, round(t.period_s * 1e9))
 
 
-def _rewrite(values: list[float], ts: Sequence[int], start: int, end: int, op: Literal["scale", "set", "cap"],
+def _rewrite(values: list[float], ts: Times, start: int, end: int, op: Literal["scale", "set", "cap"],
              x: float) -> None:
     for i in range(bisect.bisect_left(ts, start), bisect.bisect_left(ts, end)):
         v = values[i]

@@ -10,7 +10,7 @@ import orjson
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from schemas.codec import TimeLimits, _fast, _Refused, _samples, decode_samples
+from schemas.codec import TimeLimits, _fast, _Refused, _samples, decode_sample_messages, decode_samples
 from schemas.records import Reject, SampleBatch
 
 NOW = 1_800_000_000_000_000_000
@@ -85,3 +85,34 @@ def test_the_fast_path_takes_ordinary_messages() -> None:
     fast = _fast(raw, "power", LIMITS)
     assert fast is not None and fast == checked(raw, "power")
     assert list(fast.value) == [1.0, 2.5] and fast.labels == {"pod": "p", "rank": 0}
+
+
+def plain(got: SampleBatch | Reject) -> object:
+    """A result with its columns as lists: a poll's batches hold numpy views, a lone message's packed arrays."""
+    if isinstance(got, Reject):
+        return got
+    return (got.sensor, got.node, got.gpu, list(got.ts_ns), list(got.value), got.clock, got.labels, got.span)
+
+
+@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(messages(), max_size=8), st.sampled_from(["power", "power", "gpu_util", "nope"]))
+def test_a_poll_decoded_together_gives_what_each_message_gives_alone(raws: list[bytes], sensor: str) -> None:
+    """The columnar decode of a poll (numpy checks over all samples at once) against the lone decode, message by
+    message: the same batches, the same rejects, whatever the neighbours."""
+    together = decode_sample_messages(raws, sensor, LIMITS)
+    event(f"{sum(isinstance(g, SampleBatch) for g in together)} of {len(raws)} accepted")
+    assert [plain(g) for g in together] == [plain(decode_samples(raw, sensor, LIMITS)) for raw in raws]
+    for got in together:
+        if isinstance(got, SampleBatch):
+            assert min(got.ts_ns) == got.span[0] and max(got.ts_ns) == got.span[1]
+
+
+def test_a_poll_without_time_limits_and_with_domain_clocks() -> None:
+    """Domain-clock stamps are not held to the UTC limits; without limits no stamp is."""
+    old = NOW - 30 * 86_400 * 10**9
+    raws = [orjson.dumps({"v": 1, "node": "n", "gpu": "0", "ts_ns": [old], "value": [1.0], "clock": c})
+            for c in ("utc", "nvml:n")]
+    limited = decode_sample_messages(raws, "power", LIMITS)
+    assert isinstance(limited[0], Reject) and limited[0].reason.value == "too_old"
+    assert isinstance(limited[1], SampleBatch)
+    assert all(isinstance(g, SampleBatch) for g in decode_sample_messages(raws, "power", None))

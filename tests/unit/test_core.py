@@ -87,7 +87,15 @@ def test_bad_records_and_bugs_are_dead_lettered_and_the_rest_goes_on(monkeypatch
             raise ZeroDivisionError("simulated")
         return real(raw, sensor, limits)  # type: ignore[arg-type]
 
+    real_all = core_module.decode_sample_messages  # type: ignore[attr-defined]
+
+    def buggy_all(raws: list[bytes], sensor: str, limits: object = None) -> object:
+        if any(b"301.0" in raw for raw in raws):  # the poll's decode trips too: each record is decoded alone
+            raise ZeroDivisionError("simulated")
+        return real_all(raws, sensor, limits)  # type: ignore[arg-type]
+
     monkeypatch.setattr(core_module, "decode_samples", buggy)
+    monkeypatch.setattr(core_module, "decode_sample_messages", buggy_all)
     bad = ConsumerRecord(POWER, 0, 3, 0, 0, b"n0", b"{not json", None, 1, 9, [])
     core.handle({TopicPartition(POWER, 0): [rec(POWER, 0, 0, 300.0), rec(POWER, 1, 0.1, 301.0),
                                             rec(POWER, 2, 0.2, 302.0), bad]})
