@@ -102,6 +102,7 @@ class Worker:
         self._lines: queue.Queue[str] = queue.Queue()
         self.tail: collections.deque[str] = collections.deque(maxlen=200)
         self.last: dict[str, Any] = {}
+        self.assignments: list[float] = []  # monotonic times of its "assigned partitions" lines, as read
         stream = self.proc.stderr
         assert stream is not None
 
@@ -114,6 +115,8 @@ class Worker:
     def _take(self, line: str) -> bool:
         """Note a line; whether it was a stats line."""
         self.tail.append(line)
+        if "assigned partitions [" in line:
+            self.assignments.append(time.monotonic())
         start = line.find('{"event":"flush"')
         if start >= 0:
             self.last = orjson.loads(line[start:].strip())
