@@ -120,8 +120,10 @@ class Ingestor:
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
         async with self._lock:
             assert self._core is not None
-            self._pos.revoked(revoked)
+            # Written and committed while still owned: the write's progress marks then cover every record
+            # its frames came from, so the next owner's replay drops those samples instead of calling them late.
             await self._flush_locked()
+            self._pos.revoked(revoked)
             self._core.revoke(tp.partition for tp in revoked)
             log.info("revoked partitions %s", sorted({tp.partition for tp in revoked}))
 
@@ -194,6 +196,10 @@ class Ingestor:
                         self._last_flush = mono()  # nothing to write; look again later
                     if flushed or due:
                         self.stats.lag = self._pos.lag(consumer)
+                # getmany returns without suspending while records are buffered: under a backlog the loop
+                # would never let the group heartbeat, the writer's completion or the web page run, and the
+                # group would drop this worker after its session timeout (found by tests/integration/test_flood.py).
+                await asyncio.sleep(0)
             async with self._lock:
                 if drain:
                     core.drain()
@@ -237,10 +243,13 @@ class Ingestor:
         assert store is not None and core is not None and consumer is not None
         await self._settle()
         core.dead_letter_expired()  # before the commit moves past them
-        # Commit points first, while the emitted frames and open cells are in step.
+        # Progress marks for every partition read, still assigned or not: this write's frames came from those
+        # records. A group session that expired under load takes the assignment away without a revoke; without
+        # its marks, the replay would find its own samples behind written cells and dead-letter them as late.
+        consumed = {(tp.topic, tp.partition): nxt for tp, nxt in self._pos.next.items()}
+        # Commit points, while the emitted frames and open cells are in step: assigned partitions only.
         self._pos.forget_unassigned(consumer.assignment())
         commit = core.commit_points(self._pos.next)
-        consumed = {(tp.topic, tp.partition): nxt for tp, nxt in self._pos.next.items()}
         closed = core.closed_ticks()
         pending = store.detach()
         self._last_flush = self._clock.mono_ns()

@@ -1,6 +1,9 @@
 """clickhouse-server stops mid-run, for 10 s and then for 60 s: the worker commits nothing meanwhile,
 pauses reading once its buffer is full, says so once per change, and catches up when the server is
-back: frames exact, nothing doubled, memory bounded (agents/ingest/outage.py)."""
+back: frames exact, nothing doubled, memory bounded (agents/ingest/outage.py).
+
+``FLOPWATCH_OUTAGES=300`` (seconds, comma-separated) runs other outages, such as the issue's 300 s one,
+which CI leaves out for its length."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from tests.integration.helpers import live_run
 from tests.integration.test_bursts import wait_exact, whole_second
 
 pytestmark = pytest.mark.integration
+OUTAGES = tuple(float(x) for x in os.environ.get("FLOPWATCH_OUTAGES", "10,60").split(","))
 
 
 def clickhouse(action: str) -> None:
@@ -32,10 +36,11 @@ def peak_rss_mib(pid: int) -> float:
 def test_clickhouse_outages_of_10_and_60_s_lose_and_double_nothing(native_settings: Settings) -> None:
     # 4 nodes x 8 GPUs: 36 frames a second; 200 rows a flush: reading pauses at 800 buffered rows.
     settings = native_settings.replace(flush_rows=200)
-    with live_run(settings, SimParams(nodes=4, gpus=8, seed=66, start_ns=whole_second(0)), 120.0) as (
+    duration = max(120.0, sum(OUTAGES) + 8 * len(OUTAGES) + 34)  # produced through every outage and after
+    with live_run(settings, SimParams(nodes=4, gpus=8, seed=66, start_ns=whole_second(0)), duration) as (
             pub, worker, producing):
         worker.wait_for(lambda st: st["frames_written"] > 0)
-        for outage_s in (10.0, 60.0):
+        for outage_s in OUTAGES:
             time.sleep(8.0)
             clickhouse("stop")
             stopped = time.monotonic()
@@ -48,8 +53,8 @@ def test_clickhouse_outages_of_10_and_60_s_lose_and_double_nothing(native_settin
             if outage_s > 30:
                 worker.wait_for_log("reading resumed", timeout_s=60)
         rss = peak_rss_mib(worker.proc.pid)
-        producing.join(180)
+        producing.join(duration + 60)
         assert not producing.is_alive()
         wait_exact(worker, settings, list(pub.sent), timeout_s=240)
-        print(f"peak RSS of the worker through both outages: {rss:.0f} MiB")
+        print(f"peak RSS of the worker through outages of {OUTAGES} s: {rss:.0f} MiB")
         assert rss < 1024
