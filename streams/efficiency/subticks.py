@@ -154,7 +154,7 @@ class SubTicks:
         act_n = np.where(tensor[:, None], acc[:, :, 1], acc[:, :, 3])
         fpw, activity, power = (np.asarray(x, np.float64)[:, None] for x in (fpw, activity, power))
         ok = (act_n > 0) & (acc[:, :, 5] > 0) & (acc[:, :, 4] > 0) & (fpw == fpw) & (activity > 0) & (power > 0)
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             # The same operations, in the same order, as one frame's profile always took.
             prof = fpw * ((act_sum / act_n) / activity) * (power / (acc[:, :, 4] / acc[:, :, 5]))
         prof = np.where(ok, prof, np.nan)
