@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeAlias
 
+import numpy as np
 from aiokafka import ConsumerRecord, TopicPartition
 
 from agents.ingest.commits import commit_offsets
@@ -26,8 +26,9 @@ from agents.runtime.timebase import SYSTEM_CLOCK, Clock
 from agents.settings import Settings
 from agents.sinks.store import FrameStore, Progress
 from schemas.catalog import CATALOG
-from schemas.codec import TimeLimits, decode_beacon, decode_k8s_event, decode_sample_messages, decode_samples
+from schemas.codec import TimeLimits, decode_beacon, decode_k8s_event, decode_samples
 from schemas.counters import Counters
+from schemas.poll_decode import decode_sample_messages
 from schemas.records import UTC_CLOCK, Reject, RejectReason, SampleBatch
 from streams.align.aggregate import FrameBatch
 from streams.align.aligner import GridAligner, LateSamples, Recovered
@@ -173,7 +174,8 @@ class IngestCore:
                                 res = dataclasses.replace(res, labels=filled)
                         if res.clock != UTC_CLOCK:  # placed with a beacon read after it, or held for one
                             # Its own copy: a view would keep the whole poll's columns while it waits.
-                            res = dataclasses.replace(res, ts_ns=array("q", res.ts_ns), value=array("d", res.value))
+                            res = dataclasses.replace(res, ts_ns=np.array(res.ts_ns, np.int64),
+                                                      value=np.array(res.value, np.float64))
                             clocks.offer(tp.partition, aligner, waiting, rec, res, si)
                         else:
                             aligner.add(res.node, res.gpu, si, res.ts_ns, res.value, res.labels, si, rec.offset)

@@ -6,7 +6,6 @@ back. A read_committed consumer sees each expected trigger exactly once, and not
 from __future__ import annotations
 
 import dataclasses
-import socket
 import time
 import urllib.request
 from collections import defaultdict
@@ -23,18 +22,13 @@ from agents.sinks.clickhouse import open_backend
 from schemas.frame_messages import FrameMessage, encode_frame_message
 from schemas.triggers import Trigger, decode_trigger, trigger_schema
 from streams.decide.sim import SCENARIOS, run_scenario
+from tests.agents.test_web import free_port
 from tests.integration.helpers import Worker
 from tests.integration.test_detection import read_topic
 
 pytestmark = pytest.mark.integration
 S = 1_000_000_000
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def publish(settings: Settings, frames: list[FrameMessage]) -> None:

@@ -6,7 +6,6 @@ a steady rate without stalling, and its memory does not grow with what it has re
 from __future__ import annotations
 
 import re
-import socket
 import threading
 import time
 import urllib.request
@@ -17,6 +16,7 @@ from agents.kafka.producer import SampleProducer
 from agents.kafka.topics import Topics
 from agents.settings import Settings
 from schemas.catalog import BY_NAME
+from tests.agents.test_web import free_port
 from tests.integration.helpers import Worker
 
 pytestmark = pytest.mark.integration
@@ -46,11 +46,6 @@ def flood(settings: Settings) -> int:
     producer.flush()
     return sent
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def scrape(port: int) -> dict[str, float]:

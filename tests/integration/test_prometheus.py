@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import time
 import uuid
 from collections import Counter
@@ -31,6 +30,7 @@ from agents.metrics import Metrics
 from agents.web import WebOptions, install_web
 from streams.decide.engine import DecisionTally
 from streams.detect.detectors import AlertTally
+from tests.agents.test_web import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -52,11 +52,6 @@ def write_targets(path: Path, groups: list[dict[str, Any]]) -> None:
     tmp.write_text(json.dumps(groups), encoding="utf-8")
     os.replace(tmp, path)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def wait_for(probe: Callable[[], Awaitable[T | None]], what: str, timeout_s: float = WAIT_S) -> T:

@@ -10,7 +10,8 @@ import orjson
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from schemas.codec import TimeLimits, _fast, _Refused, _samples, decode_sample_messages, decode_samples
+from schemas.codec import TimeLimits, _fast, _Refused, _samples, decode_samples
+from schemas.poll_decode import decode_sample_messages
 from schemas.records import Reject, SampleBatch
 
 NOW = 1_800_000_000_000_000_000
