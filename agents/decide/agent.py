@@ -94,7 +94,7 @@ class DecideRuntime(PartitionRuntime[Decider, WorkloadSample, Decision]):
     def _apply(self, state: Decider, msg: WorkloadSample) -> list[Decision]:
         return state.on_sample(msg, self.clock.wall_ns())
 
-    def _replay_one(self, partition: int, state: Decider, raw: bytes, sent: set[str]) -> None:
+    def _replay_one(self, partition: int, state: Decider, raw: bytes, sent: dict[str, bytes]) -> None:
         # Only the decisions whose triggers reached the topic count as taken.
         state.on_sample(decode_workload_sample(raw), None, sent.__contains__)
 

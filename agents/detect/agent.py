@@ -37,7 +37,7 @@ from agents.runtime.backoff import with_backoff
 from agents.runtime.partition_agent import FrameHistory, Rejects, declare
 from agents.runtime.partition_runtime import OutputSink, PartitionCounters, PartitionRuntime
 from agents.runtime.timebase import SYSTEM_CLOCK, Clock
-from schemas.alerts import Alert, alert_key, encode_alert
+from schemas.alerts import Alert, alert_key, decode_alert, encode_alert
 from schemas.frame_messages import FrameDecodeError, FrameMessage, decode_frame_message
 from schemas.records import Reject, RejectReason
 from schemas.workload_samples import WorkloadSample, encode_workload_sample
@@ -112,6 +112,18 @@ class DetectRuntime(PartitionRuntime[Detectors, FrameMessage, Alert]):
     def _sent_id(self, out: Alert) -> str:
         return out.message_id
 
+    def _as_sent(self, state: Detectors, out: Alert, raw: bytes) -> Alert:
+        # An attribution made again after a restart may see fewer Kubernetes events than the first did:
+        # what consumers got is the topic's copy, so the table and the episode's later messages carry it.
+        try:
+            sent = decode_alert(raw)
+        except ValueError:
+            return out
+        if sent.message_id != out.message_id:
+            return out
+        state.adopt(sent)
+        return sent
+
     def _processed(self, msg: FrameMessage) -> None:
         self.stats.frames += 1
 
@@ -130,9 +142,11 @@ class DetectRuntime(PartitionRuntime[Detectors, FrameMessage, Alert]):
     def _start_replay(self, partition: int) -> None:
         self._taps[partition] = WorkloadTap(self.params.spike_thresholds, self.link_bytes_s)
 
-    def _replay_one(self, partition: int, state: Detectors, raw: bytes, sent: set[str]) -> None:
+    def _replay_one(self, partition: int, state: Detectors, raw: bytes, sent: dict[str, bytes]) -> None:
         msg = decode_frame_message(raw)
-        state.on_message(msg)  # alerts dropped: sent before the crash
+        for a in state.on_message(msg):  # alerts dropped: sent before the crash
+            if a.causes and a.message_id in sent:
+                self._as_sent(state, a, sent[a.message_id])
         self._taps[partition].summarise(msg, state.drifting(msg.node))  # the tap only learns who held what
 
     def _tap(self, partition: int) -> WorkloadTap:

@@ -34,10 +34,10 @@ class KafkaFrameHistory:
         self.alerts_topic = alerts_topic  # or the triggers topic, with its own ``id_of``
         self.id_of = id_of
 
-    async def sent_ids(self, since_wall_ms: int) -> set[str]:
-        """The ids (``id_of`` each message: ``id:state`` for alerts, ``id`` for triggers) of what was sent to
-        the output topic since ``since_wall_ms`` (their Kafka time is when they were sent), from every
-        partition."""
+    async def sent(self, since_wall_ms: int) -> dict[str, bytes]:
+        """What was sent to the output topic since ``since_wall_ms`` (their Kafka time is when they were
+        sent), from every partition, by id (``id_of`` each message: ``id:state`` for alerts, ``id`` for
+        triggers); the last message of an id wins."""
         consumer = AIOKafkaConsumer(**aiokafka_config(self.settings), enable_auto_commit=False,
                                     client_id="flopwatch-detect-replay")
         await consumer.start()
@@ -56,7 +56,7 @@ class KafkaFrameHistory:
                     left[tp] = ends[tp]
                 else:
                     consumer.pause(tp)
-            out: set[str] = set()
+            out: dict[str, bytes] = {}
             deadline = time.monotonic() + READ_DEADLINE_S
             while left and len(out) < MAX_REPLAY:
                 batch = await consumer.getmany(*left, timeout_ms=1000)
@@ -68,7 +68,7 @@ class KafkaFrameHistory:
                 for tp, recs in batch.items():
                     for r in recs:
                         if r.value is not None:
-                            out.add(self.id_of(r.value))
+                            out[self.id_of(r.value)] = r.value
                     if recs and recs[-1].offset + 1 >= left[tp]:
                         del left[tp]
                         consumer.pause(tp)

@@ -16,10 +16,10 @@ SENT_LOOKBACK_MS = 600_000  # outputs sent lately are read back from at least th
 
 
 class FrameHistory(Protocol):
-    """A partition's recent input messages (by event time), and the ids of the outputs already sent."""
+    """A partition's recent input messages (by event time), and the outputs already sent (id -> message)."""
 
     async def read(self, partition: int, since_ms: int, until_offset: int) -> Sequence[bytes]: ...
-    async def sent_ids(self, since_wall_ms: int) -> set[str]: ...
+    async def sent(self, since_wall_ms: int) -> dict[str, bytes]: ...
 
 
 class Rejects(Protocol):
@@ -30,12 +30,12 @@ class Rejects(Protocol):
 
 
 async def read_history(history: FrameHistory, partition: int, offset: int, timestamp_ms: int, replay_ms: int,
-                       wall_ms: int) -> tuple[set[str], Sequence[bytes]]:
-    """The output ids already sent, and the partition's messages of the last ``replay_ms`` before ``offset``.
-    Outputs carry their send time as the Kafka timestamp, which is wall time after the inputs' event time:
-    covering the replayed inputs' event time too keeps a worker that was down for long from sending
-    again what it sent before the crash."""
-    sent = await history.sent_ids(min(wall_ms - SENT_LOOKBACK_MS, timestamp_ms - replay_ms))
+                       wall_ms: int) -> tuple[dict[str, bytes], Sequence[bytes]]:
+    """The outputs already sent (id -> message), and the partition's messages of the last ``replay_ms``
+    before ``offset``. Outputs carry their send time as the Kafka timestamp, which is wall time after
+    the inputs' event time: covering the replayed inputs' event time too keeps a worker that was down for
+    long from sending again what it sent before the crash."""
+    sent = await history.sent(min(wall_ms - SENT_LOOKBACK_MS, timestamp_ms - replay_ms))
     return sent, await history.read(partition, timestamp_ms - replay_ms, offset)
 
 

@@ -66,9 +66,9 @@ class PartitionRuntime(Generic[St, In, Out]):
         self.replay_ms = int(replay_s * 1000)
         self.clock = clock
         self._by_partition: dict[int, St] = {}
-        # Per partition, output ids already on the output topic when its state was rebuilt: inputs past
-        # the last commit are processed again, and their outputs must not go twice.
-        self._sent: dict[int, set[str]] = {}
+        # Per partition, the outputs already on the output topic when its state was rebuilt (id -> the message
+        # as sent): inputs past the last commit are processed again, and their outputs must not go twice.
+        self._sent: dict[int, dict[str, bytes]] = {}
         self._errors_logged: set[str] = set()
 
     # -- what each agent says --------------------------------------------------------------------------------
@@ -82,7 +82,7 @@ class PartitionRuntime(Generic[St, In, Out]):
     def _apply(self, state: St, msg: In) -> list[Out]:
         raise NotImplementedError
 
-    def _replay_one(self, partition: int, state: St, raw: bytes, sent: set[str]) -> None:
+    def _replay_one(self, partition: int, state: St, raw: bytes, sent: dict[str, bytes]) -> None:
         """Feed one replayed message to ``state``; its outputs are dropped (sent before the crash)."""
         raise NotImplementedError
 
@@ -92,6 +92,10 @@ class PartitionRuntime(Generic[St, In, Out]):
     def _once(self, out: Out) -> bool:
         """Whether ``out`` is left out when its id is already on the topic."""
         return True
+
+    def _as_sent(self, state: St, out: Out, raw: bytes) -> Out:
+        """``out`` as the topic already holds it (``raw``), for the other sinks; by default ``out`` itself."""
+        return out
 
     def _processed(self, msg: In) -> None:
         """Count one input the engine took."""
@@ -152,26 +156,35 @@ class PartitionRuntime(Generic[St, In, Out]):
             await self._reject(Reject(RejectReason.INTERNAL_ERROR, f"{what}: {exc}"), key, value, partition, offset)
             return []
         self._processed(msg)
-        fresh = self._leave_out_sent(partition, made)
+        fresh, stored = self._leave_out_sent(partition, state, made)
         if made:
             for sink in self.sinks:
-                batch = fresh if getattr(sink, "once_per_id", False) else made
+                batch = fresh if getattr(sink, "once_per_id", False) else stored
                 if batch:
                     await self._send(sink, batch)
             self._count(fresh)
         await self._after(partition, state, msg)
         return self._yielded(made, fresh)
 
-    def _leave_out_sent(self, partition: int, made: list[Out]) -> list[Out]:
+    def _leave_out_sent(self, partition: int, state: St, made: list[Out]) -> tuple[list[Out], list[Out]]:
+        """What goes to the once-per-id sinks, and what to the others. Outputs already on the topic are not
+        sent again; their rows still go to ClickHouse (the crash may have come between the two sends), where
+        the table collapses repeats, and they go as the topic holds them: an output made again can differ
+        from the first (an attribution that sees fewer events after the restart), and the table must keep
+        what consumers acted on."""
         sent = self._sent.get(partition)
         if not sent or not made:
-            return made
-        # Outputs already on the topic are not sent again; their rows still go to ClickHouse (the crash may
-        # have come between the two sends), where the table collapses repeats.
-        fresh = [o for o in made if not self._once(o) or self._sent_id(o) not in sent]
-        self.stats.suppressed += len(made) - len(fresh)
-        sent.difference_update(self._sent_id(o) for o in made)
-        return fresh
+            return made, made
+        fresh, stored = [], []
+        for o in made:
+            raw = sent.pop(self._sent_id(o), None)
+            if raw is None or not self._once(o):
+                fresh.append(o)
+                stored.append(o)
+            else:
+                self.stats.suppressed += 1
+                stored.append(self._as_sent(state, o, raw))
+        return fresh, stored
 
     async def _send(self, sink: OutputSink[Out], batch: Sequence[Out]) -> None:
         """Hand ``batch`` to one sink, retrying with backoff: the engine already counts it as sent, so
@@ -198,7 +211,7 @@ class PartitionRuntime(Generic[St, In, Out]):
         # Without history: go on from here, and say so (outputs of the lost window may repeat).
         log.error("partition %d: %s state not rebuilt; starting empty%s", partition, self.state_noun,
                   self.empty_note)
-        self._sent[partition] = set()
+        self._sent[partition] = {}
         return self._fresh(partition)
 
     async def _rebuild(self, partition: int, offset: int, timestamp_ms: int) -> St:

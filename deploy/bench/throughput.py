@@ -213,8 +213,8 @@ async def detect_frames(settings: Settings, start: dict[int, int], end: dict[int
         async def read(self, partition: int, since_ms: int, until_offset: int) -> list[bytes]:
             return []
 
-        async def sent_ids(self, since_wall_ms: int) -> set[str]:
-            return set()
+        async def sent(self, since_wall_ms: int) -> dict[str, bytes]:
+            return {}
 
     class EncodedSummaries:  # the per-workload summaries the default worker publishes, encoded as for Kafka
         def __init__(self) -> None:

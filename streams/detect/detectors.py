@@ -223,6 +223,14 @@ class Detectors:
         witnesses += context_causes(around, gpu, pod, a.onset_ts_ns, p)
         return rank(witnesses, p.max_causes)
 
+    def adopt(self, sent: Alert) -> None:
+        """Take ``sent``, a firing message of an open episode as it was sent before a restart, as the episode's
+        own: its resolution then repeats the causes consumers were given."""
+        key = (sent.rule, sent.node, sent.gpu)
+        a = self._open.get(key)
+        if sent.state == "firing" and a is not None and a.id == sent.id:
+            self._open[key] = sent
+
     @property
     def firing(self) -> list[Alert]:
         return list(self._open.values())

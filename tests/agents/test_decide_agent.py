@@ -15,6 +15,7 @@ from agents.detect.agent import DetectRuntime
 from agents.detect.agent import install as install_detect
 from agents.runtime.timebase import ManualClock
 from schemas.frame_messages import encode_frame_message
+from schemas.triggers import encode_trigger
 from schemas.workload_samples import WorkloadSample, encode_workload_sample
 from streams.decide.engine import DecisionTally
 from streams.decide.rules import Decision
@@ -92,7 +93,7 @@ async def _restart() -> None:
     # the summaries since the last commit come again.
     cut = next(i for i, s in enumerate(samples) if s.tick_ns + S >= taken[0].ts_ns) + 1
     committed = cut - 30
-    history = History([encode_workload_sample(s) for s in samples[:committed]], sent={taken[0].id})
+    history = History([encode_workload_sample(s) for s in samples[:committed]], sent={taken[0].id: encode_trigger(taken[0])})
     agent, runtime, sink, _, clock = make(history)
     kafka = KafkaLike()
     runtime.sinks.append(kafka)
@@ -172,7 +173,7 @@ async def _not_sent() -> None:
     samples, expected = summaries()
     down = next(d.trigger for d in expected if d.outcome == "taken" and d.trigger.action == "scale_down")
     history = History([encode_workload_sample(s) for s in samples if s.tick_ns + S <= down.ts_ns + 20 * S],
-                      sent=set())
+                      sent={})
     agent, runtime, _, _, clock = make(history)
     rest = [s for s in samples if s.tick_ns + S > down.ts_ns + 20 * S]
     async with agent.test_context() as tc:

@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 
 from agents.detect.agent import DetectRuntime, install
-from schemas.alerts import Alert
+from schemas.alerts import Alert, Cause, encode_alert
 from schemas.frame_messages import FrameMessage, GpuFrame, encode_frame_message
 from schemas.records import Reject
 from streams.detect.detectors import DRIFT_RULE, DetectParams
@@ -45,13 +45,13 @@ class Sink:
 
 
 class History:
-    def __init__(self, messages: list[bytes], sent: set[str] | None = None) -> None:
+    def __init__(self, messages: list[bytes], sent: dict[str, bytes] | None = None) -> None:
         self.messages = messages
-        self.sent = sent or set()
+        self.on_topic = sent or {}
         self.asked: list[tuple[int, int, int]] = []
 
-    async def sent_ids(self, since_wall_ms: int) -> set[str]:
-        return set(self.sent)
+    async def sent(self, since_wall_ms: int) -> dict[str, bytes]:
+        return dict(self.on_topic)
 
     async def read(self, partition: int, since_ms: int, until_offset: int) -> Sequence[bytes]:
         # The test channel numbers offsets from 0 whatever came before: what precedes the first
@@ -83,6 +83,11 @@ def make(history: History) -> tuple[Any, DetectRuntime, Sink, Letters]:
     sink, letters = Sink(), Letters()
     runtime = DetectRuntime(DetectParams(), GRID, history, [sink], letters, "flopwatch.frames", replay_s=180)
     return install(app, runtime, topic), runtime, sink, letters
+
+
+def on_topic(*alerts: Alert) -> dict[str, bytes]:
+    """What the alerts topic holds after ``alerts`` were sent, as the rebuild reads it."""
+    return {a.message_id: encode_alert(a) for a in alerts}
 
 
 async def put_all(agent: Any, messages: list[bytes]) -> None:
@@ -168,7 +173,7 @@ async def _alerts_already_on_the_topic_are_not_sent_again() -> None:
     cut = 92  # committed up to tick 92; the firing (at tick 92's end... 93) was sent, then the crash
     fired = [a for a in first.alerts if a.state == "firing"]
     assert fired
-    agent2, runtime2, second, _ = make(History(msgs[:cut], sent={fired[0].message_id}))
+    agent2, runtime2, second, _ = make(History(msgs[:cut], sent=on_topic(fired[0])))
     rows = Rows()
     runtime2.sinks.append(rows)
     async with agent2.test_context() as tc:
@@ -271,7 +276,7 @@ async def _a_leak_alert_keeps_its_id_across_a_restart() -> None:
     assert fired.evidence["cost_usd_per_h"] == 3.6 and fired.workload == "llm"
     # A restart at offset 100: the rebuild replays the idle stretch, so the episode keeps its onset and id,
     # and a pod that gets to work resolves the very alert that fired before the crash.
-    agent2, _, second = build(History(msgs[:100], sent={fired.message_id}))
+    agent2, _, second = build(History(msgs[:100], sent=on_topic(fired)))
     busy = GpuFrame("0", LABELS, {"gpu_util": 70.0, "sm_active": 0.7, "power": 500.0},
                     {"idle": 0.0, "cost_usd": 0.001, "gpu_util_p99": 70.0}, "")
     tail = [*msgs[100:120], encode_frame_message(FrameMessage("node-1", T0 + 120 * GRID, GRID, (busy,)))]
@@ -287,7 +292,6 @@ def test_an_attribution_is_sent_once_across_a_restart() -> None:
 
 async def _an_attribution_is_sent_once_across_a_restart() -> None:
     from agents.runtime.history import _message_id
-    from schemas.alerts import encode_alert
     from tests.unit.test_attribution import stall_frames
 
     msgs = [encode_frame_message(m) for m in stall_frames(300)]
@@ -297,13 +301,49 @@ async def _an_attribution_is_sent_once_across_a_restart() -> None:
     stall = [a for a in first.alerts if a.rule == "pipeline_stall"]
     assert [bool(a.causes) for a in stall] == [False, True] and stall[1].causes[0].cause == "disk_write"
     # What the restarted agent reads back from the alerts topic names the attribution as its own message.
-    sent = {_message_id(encode_alert(a)) for a in first.alerts}
-    assert {a.message_id for a in first.alerts} == sent
+    sent = {_message_id(encode_alert(a)): encode_alert(a) for a in first.alerts}
+    assert {a.message_id for a in first.alerts} == set(sent)
     agent2, _, second, _ = make(History(msgs[:260], sent=sent))
     async with agent2.test_context() as tc:
         for i, m in enumerate(msgs[260:], start=260):
             await tc.put(value=m, key=b"node-1", partition=0, timestamp=(T0 + i * GRID) / 1e9)
     assert not [a for a in second.alerts if a.rule == "pipeline_stall" and a.state == "firing"]
+
+
+def test_a_restart_keeps_the_attribution_consumers_were_given() -> None:
+    asyncio.run(_a_restart_keeps_the_attribution_consumers_were_given())
+
+
+async def _a_restart_keeps_the_attribution_consumers_were_given() -> None:
+    from tests.unit.test_attribution import stall_frames
+
+    msgs = [encode_frame_message(m) for m in stall_frames(300)]
+    agent, _, first, _ = make(History([]))
+    made_at: dict[str, int] = {}
+    async with agent.test_context() as tc:
+        for i, m in enumerate(msgs):
+            await tc.put(value=m, key=b"node-1", partition=0, timestamp=(T0 + i * GRID) / 1e9)
+            for a in first.alerts:
+                made_at.setdefault(a.message_id, i)
+    [firing, attribution] = [a for a in first.alerts if a.rule == "pipeline_stall" and a.state == "firing"]
+    assert attribution.causes and made_at[attribution.message_id] > made_at[firing.message_id]
+    # Before the crash the attribution went out naming an event the restarted agent has not read back yet
+    # (the events topic is another consumer's): made again, its causes differ from what consumers got.
+    given = attribution.attributed((Cause("Scheduled", 0.9, {"source": "event"}), *attribution.causes))
+    for cut, how in ((made_at[attribution.message_id] - 1, "made again live"),
+                     (made_at[attribution.message_id] + 1, "made again in the replay")):
+        agent2, runtime2, second, _ = make(History(msgs[:cut], sent=on_topic(firing, given)))
+        rows = Rows()
+        runtime2.sinks.append(rows)
+        async with agent2.test_context() as tc:
+            for i, m in enumerate(msgs[cut:], start=cut):
+                await tc.put(value=m, key=b"node-1", partition=0, timestamp=(T0 + i * GRID) / 1e9)
+        assert attribution.message_id not in {a.message_id for a in second.alerts}, how
+        # ClickHouse gets the topic's copy, and the episode's resolution repeats the causes consumers got.
+        stored = [a for a in rows.alerts if a.message_id == attribution.message_id]
+        assert all(a.causes == given.causes for a in stored) and (stored or how.endswith("replay")), how
+        resolved = [a for a in second.alerts if a.id == firing.id and a.state == "resolved"]
+        assert [a.causes for a in resolved] in ([], [given.causes]), how
 
 
 def test_kubernetes_events_feed_the_attribution_book() -> None:

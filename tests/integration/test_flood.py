@@ -111,7 +111,9 @@ def test_a_flood_keeps_memory_flat_a_steady_rate_and_lag_on_metrics(base_setting
     flooding = [r for r in readings if r[1] > 0]
     assert len(flooding) >= 8, readings
     after = [r[1] for r in readings if r[0] > flooding_until[0]]
-    assert max(r[1] for r in readings) > sent / 10, "the flood must outrun the worker"
+    # The flood outran the worker: a worker that keeps up lags by a poll or two (a few thousand records). How
+    # far it fell behind depends on the two processes' shares of the cores (CI once saw 267,219).
+    assert max(r[1] for r in readings) > sent / 40, "the flood must outrun the worker"
     # A steady rate: whenever records were waiting, more were read within 5 s (the page moves at each flush, and
     # a flush waits for the previous write on a machine the producer saturates; a reading of lag 0 mid-flood
     # is the worker level with the producer: nothing to read).
