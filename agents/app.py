@@ -106,6 +106,7 @@ def create_app(settings: Settings, on_flush: Callable[[IngestStats], None] | Non
         topic_partitions=settings.partitions,
         topic_replication_factor=settings.replication,
         consumer_auto_offset_reset="earliest",
+        broker_session_timeout=settings.kafka_session_timeout_s,
         store="memory://",
         autodiscover=False,
         **WebOptions.from_settings(settings).app_kwargs(),

@@ -59,6 +59,11 @@ class Settings:
     """Client certificate for mutual TLS; FLOPWATCH_KAFKA_SSL_CERTFILE."""
     kafka_ssl_keyfile: str = ""
     """Client key for mutual TLS; FLOPWATCH_KAFKA_SSL_KEYFILE."""
+    kafka_session_timeout_s: float = 10.0
+    """How long a worker that stopped heartbeating (SIGKILLed, its host gone) keeps its partitions before the
+    group hands them to the others, for the ingest consumer and the Faust app alike (Faust's own default, 60 s,
+    kept a new worker waiting a minute after a SIGKILL); 6-300 (the broker's usual bounds);
+    FLOPWATCH_KAFKA_SESSION_TIMEOUT_S."""
     topic_prefix: str = ""
     """Prepended to every topic name (e.g. ``staging.``); default none; FLOPWATCH_TOPIC_PREFIX."""
     partitions: int = 4
@@ -307,6 +312,9 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path 
     for name in _POSITIVE:
         if getattr(settings, name) <= 0:
             raise SettingsError(f"{name}={getattr(settings, name)!r}: must be > 0")
+    if not 6.0 <= settings.kafka_session_timeout_s <= 300.0:
+        raise SettingsError(f"kafka_session_timeout_s={settings.kafka_session_timeout_s!r}: must be 6-300 s (a "
+                            f"broker refuses a group session outside group.min/max.session.timeout.ms)")
     if not 0 <= settings.min_insync_replicas <= settings.replication:
         raise SettingsError(f"min_insync_replicas={settings.min_insync_replicas}: must be between 1 and the "
                             f"replication ({settings.replication}), or 0 for the default")

@@ -160,7 +160,9 @@ class Ingestor:
             **aiokafka_config(s), group_id=s.group_id, enable_auto_commit=False, auto_offset_reset="earliest",
             partition_assignment_strategy=(RangePartitionAssignor,),  # partition p of every topic together
             max_poll_records=s.max_poll_records, fetch_max_bytes=64 * 1024 * 1024,
-            max_partition_fetch_bytes=4 * 1024 * 1024, client_id="flopwatch-ingest")
+            max_partition_fetch_bytes=4 * 1024 * 1024, client_id="flopwatch-ingest",
+            session_timeout_ms=int(s.kafka_session_timeout_s * 1000),
+            heartbeat_interval_ms=min(3000, int(s.kafka_session_timeout_s * 1000) // 3))
         self._consumer = consumer
         consumer.subscribe(self.topics.inputs, listener=_Listener(self))
         await consumer.start()

@@ -1,6 +1,7 @@
 """Issue 22 §2: several workers coming and going. Three workers share one group on a 12-partition topic set
 while the collectors produce; every 20 s one of them is SIGKILLed or SIGTERMed and another starts. The frames
-in ClickHouse are exact at the end, and each rebalance's catch-up time is measured.
+in ClickHouse are exact at the end, every alert message is on the alerts topic once and they are the alerts of
+one detector run over the same frames without a fault, and each rebalance's catch-up time is measured.
 
 CI runs a 100 s storm (five rebalances); ``FLOPWATCH_STORM_S=300`` runs the issue's five minutes.
 """
@@ -15,13 +16,19 @@ import statistics
 import threading
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 from agents.collect.simulator import SimulatorPublisher
 from agents.kafka.admin import delete_topics, ensure_topics
+from agents.kafka.topics import Topics
 from agents.settings import Settings
+from schemas.alerts import decode_alert
+from schemas.frame_messages import FrameMessage, decode_frame_message
+from streams.detect.detectors import Detectors
 from streams.sim.simulate import SimParams
 from tests.integration.helpers import Worker, assert_frames_equal, expected_frames, stored_frames
+from tests.integration.test_detection import read_topic
 
 S = 1_000_000_000
 STORM_S = float(os.environ.get("FLOPWATCH_STORM_S", "100"))
@@ -32,7 +39,7 @@ CAUGHT_UP = 200  # records behind the end, summed over the live workers: what on
 def test_a_rebalance_storm_of_three_workers_loses_and_doubles_nothing(native_settings: Settings,
                                                                      tmp_path: Path) -> None:
     settings = native_settings.replace(topic_prefix=f"storm{uuid.uuid4().hex[:6]}.", partitions=12,
-                                       flush_interval_ms=300, source_idle_s=2.0)
+                                       flush_interval_ms=300, source_idle_s=2.0, web_enabled=False)
     ensure_topics(settings)
     duration = STORM_S + 25.0
     # Twelve nodes keyed over twelve partitions: each worker of three owns some of them at any time.
@@ -50,7 +57,7 @@ def test_a_rebalance_storm_of_three_workers_loses_and_doubles_nothing(native_set
         done.set()
 
     producing = threading.Thread(target=produce, daemon=True)
-    workers = [Worker(settings) for _ in range(3)]
+    workers = [Worker(settings, "--runtime", "faust") for _ in range(3)]  # ingest and detection agent
     gone: list[tuple[Worker, str]] = []
     catch_up: list[tuple[str, float]] = []
     try:
@@ -66,7 +73,7 @@ def test_a_rebalance_storm_of_three_workers_loses_and_doubles_nothing(native_set
             victim.proc.send_signal(signal.SIGKILL if how == "SIGKILL" else signal.SIGTERM)
             gone.append((victim, how))
             hit = time.monotonic()
-            workers.append(Worker(settings))
+            workers.append(Worker(settings, "--runtime", "faust"))
             catch_up.append((how, _caught_up_after(workers, hit)))
         producing.join(duration + 60)
         assert done.is_set(), "the producer did not finish"
@@ -78,6 +85,18 @@ def test_a_rebalance_storm_of_three_workers_loses_and_doubles_nothing(native_set
             if len(got) >= len(want) and all(st.get("open_cells", 1) == 0 for st in stats):
                 break
             time.sleep(1.0)
+        # The alerts of one fault-free detector run over the frames published (each tick once), against what
+        # the storm's detection agents sent, once they have read the last frames.
+        want_alerts = _single_run_alerts(settings)
+        sent: list[str] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            sent = _alert_messages(settings)
+            if want_alerts <= set(sent):
+                break
+            time.sleep(2.0)
+        time.sleep(3.0)  # a duplicate or a spurious alert has time to show
+        sent = _alert_messages(settings)
     finally:
         for w in workers:
             w.proc.kill()
@@ -90,13 +109,45 @@ def test_a_rebalance_storm_of_three_workers_loses_and_doubles_nothing(native_set
     assert nrows == len(got), f"{nrows - len(got)} duplicate rows in gpu_frames"
     assert_frames_equal(got, want)
     assert all(st.get("rejects", {}) == {} for st in (w.drain() for w in workers))
+    twice = {m: n for m, n in Counter(sent).items() if n > 1}
+    assert not twice, f"alert messages sent more than once: {twice}"
+    # Attributions (``:causes``) are left out: they also depend on when each agent read the Kubernetes events.
+    decided = {m for m in sent if not m.endswith(":causes")}
+    assert len(want_alerts) >= 20, f"too few alerts to tell anything: {sorted(want_alerts)}"
+    assert decided == want_alerts, (f"missing {sorted(want_alerts - decided)[:10]}, "
+                                    f"unexpected {sorted(decided - want_alerts)[:10]}; detection agents: "
+                                    f"{[w.drain().get('detect') for w in workers]}\n{''.join(workers[-1].tail)[-4000:]}")
     report = {"storm_s": STORM_S, "every_s": EVERY_S, "workers": 3, "partitions": 12, "frames": len(want),
+              "alert_messages": len(sent), "alerts_without_attributions": len(decided),
               "catch_up_s": [[how, round(s, 1)] for how, s in catch_up],
               "median_catch_up_s": {h: round(statistics.median(s for x, s in catch_up if x == h), 1)
                                     for h in {x for x, _ in catch_up}}}
     out = Path(os.environ.get("FLOPWATCH_STORM_REPORT", tmp_path / "storm.json"))
     out.write_text(json.dumps(report, indent=1))
     print(json.dumps(report))
+
+
+def _single_run_alerts(settings: Settings) -> set[str]:
+    """The alert message ids (attributions left out) of one detector per node fed the node's frames from the
+    frames topic in tick order, each tick once: what a worker that never failed would have sent."""
+    frames: dict[tuple[str, int], FrameMessage] = {}
+    for _, raw in read_topic(settings, Topics(settings.topic_prefix).frames, idle_s=2.0):
+        m = decode_frame_message(raw)
+        frames.setdefault((m.node, m.tick_ns), m)
+    detectors: dict[str, Detectors] = {}
+    out: set[str] = set()
+    for (node, _), m in sorted(frames.items()):
+        det = detectors.get(node)
+        if det is None:
+            det = detectors[node] = Detectors(settings.detect_params(), settings.align_params().grid_ns)
+        out.update(a.message_id for a in det.on_message(m) if not a.message_id.endswith(":causes"))
+    return out
+
+
+def _alert_messages(settings: Settings) -> list[str]:
+    """The message id of every message on the alerts topic, repeats included."""
+    return [decode_alert(raw).message_id for _, raw in read_topic(settings, Topics(settings.topic_prefix).alerts,
+                                                                  idle_s=1.0)]
 
 
 def _caught_up_after(workers: list[Worker], hit: float, timeout_s: float = 60.0) -> float:
@@ -112,5 +163,7 @@ def _caught_up_after(workers: list[Worker], hit: float, timeout_s: float = 60.0)
         if assigned and len(known) == len(lags) and sum(known) <= CAUGHT_UP:
             return time.monotonic() - hit
         time.sleep(0.2)
+    late = [w for w in workers if not any(t >= hit for t in w.assignments)]
     raise AssertionError(f"not caught up {timeout_s:.0f} s after the rebalance: lags {lags}, "
-                         f"assigned {[bool(w.assignments) and w.assignments[-1] >= hit for w in workers]}")
+                         f"assigned {[bool(w.assignments) and w.assignments[-1] >= hit for w in workers]}; "
+                         f"a worker not assigned since: {''.join(late[0].tail)[-5000:] if late else ''}")

@@ -385,3 +385,16 @@ def test_the_defaults_are_those_of_the_pure_parameters() -> None:
     s = Settings()
     assert s.align_params() == AlignParams()
     assert s.detect_params() == DetectParams()
+
+
+@pytest.mark.parametrize("value", ["5", "301"])
+def test_a_session_timeout_the_broker_would_refuse_is_refused_at_start(value: str) -> None:
+    with pytest.raises(SettingsError, match=r"kafka_session_timeout_s=.*6-300"):
+        load_settings({"FLOPWATCH_KAFKA_SESSION_TIMEOUT_S": value})
+
+
+def test_the_session_timeout_reaches_the_faust_app() -> None:
+    from agents.app import create_app
+
+    settings = load_settings({"FLOPWATCH_KAFKA_SESSION_TIMEOUT_S": "12.5"}, web_enabled=False)
+    assert create_app(settings, detect=False).conf.broker_session_timeout == 12.5
