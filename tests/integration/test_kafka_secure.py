@@ -1,20 +1,36 @@
 """A broker that only speaks SASL_SSL (SCRAM-SHA-512 over TLS, a throw-away CA): ``deploy/kafka.sh start
---secure``. flopwatch's clients connect with the documented settings; a wrong password is refused with a
-clear error; no password appears in any output.
+--secure``. flopwatch's clients (the simulator, the Faust worker, ``act``, ``alerts forward``, ``replay`` and
+the NVML collector) connect with the documented settings; a wrong password is refused with a clear error; no
+password appears in any output.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
+from confluent_kafka import Consumer, TopicPartition
 
 from agents.kafka.admin import delete_topics, ensure_topics
+from agents.kafka.producer import SampleProducer
+from agents.kafka.topics import ALERTS, Topics, confluent_config
 from agents.settings import Settings, load_settings
+from schemas.alerts import alert_key, encode_alert, make_alert
+from schemas.codec import decode_samples
+from schemas.records import SampleBatch
+from schemas.triggers import encode_trigger, make_trigger
+from tests.doubles import fake_pynvml as fake
+from tests.doubles.fake_pynvml import FakeNvml
 from tests.integration.conftest import ROOT
 from tests.integration.helpers import Worker, worker_env
 
@@ -87,3 +103,99 @@ def test_a_wrong_password_is_refused_with_a_clear_error_that_shows_no_password(
     assert "refused the credentials of user 'flopwatch' (SCRAM-SHA-512 over SASL_SSL)" in proc.stderr
     assert "not-the-password" not in proc.stderr + proc.stdout
     assert the_password(state) not in proc.stderr + proc.stdout
+
+
+def read_secure(settings: Settings, topic: str, idle_s: float = 2.0) -> list[bytes]:
+    """Every message on ``topic``, read over SASL_SSL with ``settings``."""
+    c = Consumer(confluent_config(settings) | {"group.id": f"read-{time.time_ns()}", "auto.offset.reset": "earliest",
+                                               "enable.auto.commit": False})
+    try:
+        meta = c.list_topics(topic, timeout=30)
+        c.assign([TopicPartition(topic, p, 0) for p in meta.topics[topic].partitions])
+        out: list[bytes] = []
+        last = time.monotonic()
+        while time.monotonic() - last < idle_s:
+            m = c.poll(0.2)
+            if m is not None and not m.error():
+                out.append(m.value() or b"")
+                last = time.monotonic()
+        return out
+    finally:
+        c.close()
+
+
+def test_act_the_alert_forwarder_replay_and_the_nvml_collector_work_over_sasl_ssl(
+        secure: tuple[dict[str, str], Path], service_env: dict[str, str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _, state = secure
+    password = the_password(state)
+    settings = secure_settings(state, password, tmp_path)
+    env = worker_env(settings)
+    topics = Topics(settings.topic_prefix)
+    ensure_topics(settings)
+    logs = ""
+    try:
+        now = time.time_ns()
+        trigger = make_trigger("scale_up", "ml", f"wl-{settings.group_id}", "inference", ts_ns=now, current=2,
+                               desired=3, reasons=("qps",),
+                               evidence={"qps": {"value": 900.0, "threshold": 800.0, "window_s": 30.0}})
+        node = f"node-{settings.group_id}"  # unique: Alertmanager is shared with the other tests
+        alert = make_alert("util_spike", "warning", node, "0", value=99.0, threshold=95.0, onset_ts_ns=now - 5 * 10**9,
+                           ts_ns=now - 4 * 10**9, workload="wl", namespace="ml")
+        producer = SampleProducer(settings)
+        producer.send(topics.triggers, encode_trigger(trigger), key=trigger.key)
+        producer.send(settings.topic_prefix + ALERTS, encode_alert(alert), key=alert_key(alert))
+        producer.close()
+
+        # act: the trigger read over SASL_SSL, its kubectl line printed once.
+        act = subprocess.run([sys.executable, "-m", "agents.cli.main", "act", "--dry-run", "--from-beginning",
+                              "--exit-when-idle", "2", "--state", str(tmp_path / "act.sqlite")], env=env,
+                             capture_output=True, text=True, timeout=120)
+        logs += act.stdout + act.stderr
+        assert act.returncode == 0, act.stderr[-3000:]
+        assert len(act.stdout.splitlines()) == 1 and trigger.idempotency_key in act.stdout, act.stdout
+
+        # alerts forward: the alert read over SASL_SSL reaches the real Alertmanager.
+        url = service_env["FLOPWATCH_ALERTMANAGER_URL"]
+        with (tmp_path / "forward.log").open("w") as err:
+            fwd = subprocess.Popen([sys.executable, "-m", "agents.cli.main", "alerts", "forward", "--alertmanager", url,
+                                    "--resend-s", "1"], env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+            try:
+                query = urllib.parse.urlencode({"filter": f'node="{node}"'})
+                got: list[dict[str, object]] = []
+                deadline = time.monotonic() + 60
+                while not got and time.monotonic() < deadline:
+                    assert fwd.poll() is None, (tmp_path / "forward.log").read_text()[-3000:]
+                    with urllib.request.urlopen(f"{url}/api/v2/alerts?{query}", timeout=10) as resp:
+                        got = json.loads(resp.read())
+                    time.sleep(0.5)
+            finally:
+                fwd.send_signal(signal.SIGTERM)
+                out, _ = fwd.communicate(timeout=30)
+        logs += out + (tmp_path / "forward.log").read_text()
+        assert fwd.returncode == 0, logs[-3000:]
+        assert [(a["labels"]["alertname"], a["labels"]["alert_id"]) for a in got] == [  # type: ignore[index]
+            ("util_spike", alert.id)], got
+
+        # replay (the SDK's producer): a real nvidia-smi recording published over SASL_SSL.
+        rec = ROOT / "tests/fixtures/nvsmi/h100_units.csv"
+        rep = subprocess.run([sys.executable, "-m", "agents.cli.main", "replay", str(rec), "--node", "node-rec"],
+                             env=env, capture_output=True, text=True, timeout=120)
+        logs += rep.stdout + rep.stderr
+        assert rep.returncode == 0, rep.stderr[-3000:]
+        power = [decode_samples(raw, "power") for raw in read_secure(settings, topics.prefix + "sensors.power")]
+        assert power and all(isinstance(b, SampleBatch) and b.node == "node-rec" for b in power)
+
+        # The NVML collector (a double of the driver's library, the rest real) publishes over SASL_SSL.
+        monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(fake.gpus(2)))
+        from agents.cli.nvml import nvml_command
+
+        nv = CliRunner().invoke(nvml_command, ["--duration", "1.5", "--proc-root", str(tmp_path)],
+                                env=env | {"NODE_NAME": "node-nvml"})
+        logs += nv.output
+        assert nv.exit_code == 0, nv.output
+        batches = [decode_samples(raw, "power") for raw in read_secure(settings, topics.prefix + "sensors.power")]
+        assert any(isinstance(b, SampleBatch) and b.node == "node-nvml" for b in batches)
+        assert password not in logs
+    finally:
+        delete_topics(settings)
