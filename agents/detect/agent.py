@@ -116,10 +116,8 @@ class DetectRuntime(PartitionRuntime[Detectors, FrameMessage, Alert]):
         # An attribution made again after a restart may see fewer Kubernetes events than the first did:
         # what consumers got is the topic's copy, so the table and the episode's later messages carry it.
         try:
-            sent = decode_alert(raw)
+            sent = decode_alert(raw)  # its message_id is out's: the rebuild keyed the topic's messages by it
         except ValueError:
-            return out
-        if sent.message_id != out.message_id:
             return out
         state.adopt(sent)
         return sent

@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from agents.collect.simulator import SimulatorPublisher
-from agents.kafka.topics import Topics
+from agents.kafka.topics import Topics, confluent_config
 from agents.settings import Settings
 from agents.sinks.clickhouse import open_backend
 from schemas.alerts import alert_schema, decode_alert
@@ -74,8 +74,8 @@ level = 0.4
 
 def read_topic(settings: Settings, topic: str, idle_s: float = 3.0) -> list[tuple[bytes | None, bytes]]:
     """Everything on ``topic`` (read_committed), until nothing new came for ``idle_s``."""
-    c = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": f"read-{time.time_ns()}",
-                  "auto.offset.reset": "earliest", "enable.auto.commit": False, "isolation.level": "read_committed"})
+    c = Consumer(confluent_config(settings) | {"group.id": f"read-{time.time_ns()}", "auto.offset.reset": "earliest",
+                                               "enable.auto.commit": False, "isolation.level": "read_committed"})
     meta = c.list_topics(topic, timeout=10)
     c.assign([TopicPartition(topic, p, 0) for p in meta.topics[topic].partitions])
     out: list[tuple[bytes | None, bytes]] = []

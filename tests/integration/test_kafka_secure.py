@@ -19,11 +19,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from confluent_kafka import Consumer, TopicPartition
 
 from agents.kafka.admin import delete_topics, ensure_topics
 from agents.kafka.producer import SampleProducer
-from agents.kafka.topics import ALERTS, Topics, confluent_config
+from agents.kafka.topics import ALERTS, Topics
 from agents.settings import Settings, load_settings
 from schemas.alerts import alert_key, encode_alert, make_alert
 from schemas.codec import decode_samples
@@ -33,6 +32,7 @@ from tests.doubles import fake_pynvml as fake
 from tests.doubles.fake_pynvml import FakeNvml
 from tests.integration.conftest import ROOT
 from tests.integration.helpers import Worker, worker_env
+from tests.integration.test_detection import read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -105,25 +105,6 @@ def test_a_wrong_password_is_refused_with_a_clear_error_that_shows_no_password(
     assert the_password(state) not in proc.stderr + proc.stdout
 
 
-def read_secure(settings: Settings, topic: str, idle_s: float = 2.0) -> list[bytes]:
-    """Every message on ``topic``, read over SASL_SSL with ``settings``."""
-    c = Consumer(confluent_config(settings) | {"group.id": f"read-{time.time_ns()}", "auto.offset.reset": "earliest",
-                                               "enable.auto.commit": False})
-    try:
-        meta = c.list_topics(topic, timeout=30)
-        c.assign([TopicPartition(topic, p, 0) for p in meta.topics[topic].partitions])
-        out: list[bytes] = []
-        last = time.monotonic()
-        while time.monotonic() - last < idle_s:
-            m = c.poll(0.2)
-            if m is not None and not m.error():
-                out.append(m.value() or b"")
-                last = time.monotonic()
-        return out
-    finally:
-        c.close()
-
-
 def test_act_the_alert_forwarder_replay_and_the_nvml_collector_work_over_sasl_ssl(
         secure: tuple[dict[str, str], Path], service_env: dict[str, str], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -183,7 +164,7 @@ def test_act_the_alert_forwarder_replay_and_the_nvml_collector_work_over_sasl_ss
                              env=env, capture_output=True, text=True, timeout=120)
         logs += rep.stdout + rep.stderr
         assert rep.returncode == 0, rep.stderr[-3000:]
-        power = [decode_samples(raw, "power") for raw in read_secure(settings, topics.prefix + "sensors.power")]
+        power = [decode_samples(raw, "power") for _, raw in read_topic(settings, topics.prefix + "sensors.power", idle_s=2.0)]
         assert power and all(isinstance(b, SampleBatch) and b.node == "node-rec" for b in power)
 
         # The NVML collector (a double of the driver's library, the rest real) publishes over SASL_SSL.
@@ -194,7 +175,7 @@ def test_act_the_alert_forwarder_replay_and_the_nvml_collector_work_over_sasl_ss
                                 env=env | {"NODE_NAME": "node-nvml"})
         logs += nv.output
         assert nv.exit_code == 0, nv.output
-        batches = [decode_samples(raw, "power") for raw in read_secure(settings, topics.prefix + "sensors.power")]
+        batches = [decode_samples(raw, "power") for _, raw in read_topic(settings, topics.prefix + "sensors.power", idle_s=2.0)]
         assert any(isinstance(b, SampleBatch) and b.node == "node-nvml" for b in batches)
         assert password not in logs
     finally:
