@@ -48,6 +48,16 @@ DETECTION_COLUMNS: Final = ("ts", "onset_ts", "id", "state", "rule", "severity",
 EVENT_COLUMNS: Final = ("ts", "node", "type", "reason", "kind", "namespace", "pod", "workload", "gpus", "message",
                         "kafka_topic", "kafka_partition", "kafka_offset")
 PROGRESS_COLUMNS: Final = ("topic", "partition", "offset", "written_at")
+# Each table's row identity, its ReplacingMergeTree sort key: a row written twice has the same one. A writer
+# that does not know whether an insert went through (agents.sinks.clickhouse) asks for these.
+ROW_KEYS: Final[dict[str, tuple[str, ...]]] = {
+    "gpu_frames": ("node", "gpu", "ts"), "detections": ("id", "state"), "scale_decisions": ("id", "outcome"),
+    "k8s_events": ("kafka_topic", "kafka_partition", "kafka_offset"),
+    "ingest_progress": ("topic", "partition", "offset"), "node_progress": ("node", "closed_tick_ms")}
+
+
+def _order(table: str) -> str:
+    return f"ORDER BY ({', '.join(ROW_KEYS[table])})"
 
 
 def _label_type(col: str, layout: Layout) -> str:
@@ -71,12 +81,12 @@ def gpu_frames(db: str, layout: Layout = "current", ttl_days: int = 400, tiering
     cols += derived_columns(layout)
     body = ",\n  ".join(cols)
     if cur:
-        tail = (f"ENGINE = ReplacingMergeTree\nPARTITION BY toYYYYMMDD(ts)\nORDER BY (node, gpu, ts)\n"
+        tail = (f"ENGINE = ReplacingMergeTree\nPARTITION BY toYYYYMMDD(ts)\n{_order('gpu_frames')}\n"
                 f"TTL {ttl_clause('toDateTime(ts)', ttl_days, tiering)}\n"
                 # Lets a retried insert with the same token be dropped by the server.
                 "SETTINGS non_replicated_deduplication_window = 1000" + _policy(tiering))
     else:
-        tail = "ENGINE = ReplacingMergeTree\nPARTITION BY intDiv(ts, 86400000)\nORDER BY (node, gpu, ts)"
+        tail = f"ENGINE = ReplacingMergeTree\nPARTITION BY intDiv(ts, 86400000)\n{_order('gpu_frames')}"
     return f"CREATE TABLE IF NOT EXISTS {db}.gpu_frames (\n  {body}\n)\n{tail}"
 
 
@@ -172,7 +182,7 @@ def detections(db: str, layout: Layout = "current") -> str:
     return (f"CREATE TABLE IF NOT EXISTS {db}.detections (\n  ts {ts}, onset_ts {ts}, id String, state {lc},"
             f" rule {lc}, severity {lc}, node {lc}, gpu {lc}, workload {lc}, namespace {lc},"
             " value Float64, threshold Float64, baseline Nullable(Float64), evidence String, causes String\n)\n"
-            "ENGINE = ReplacingMergeTree\nORDER BY (id, state)")
+            f"ENGINE = ReplacingMergeTree\n{_order('detections')}")
 
 
 def _types(db: str, layout: Layout, ts_digits: int = 3) -> tuple[str, str]:
@@ -191,7 +201,7 @@ def scale_decisions(db: str, layout: Layout = "current") -> str:
             f" reasons Array(String), gate {lc}, gates Array(String), evidence String, reverses String,"
             f" idempotency_key String, before_replicas UInt32, before_desired UInt32, before_action {lc},"
             " before_action_ts_ns Int64\n)\n"
-            "ENGINE = ReplacingMergeTree\nORDER BY (id, outcome)")
+            f"ENGINE = ReplacingMergeTree\n{_order('scale_decisions')}")
 
 
 def k8s_events(db: str, layout: Layout = "current") -> str:
@@ -200,14 +210,14 @@ def k8s_events(db: str, layout: Layout = "current") -> str:
             f" namespace {lc}, pod String, workload {lc}, gpus Array(String), message String,"
             f" kafka_topic {lc}, kafka_partition UInt32, kafka_offset UInt64\n)\n"
             # Row identity is the Kafka position, so a redelivered event replaces itself.
-            "ENGINE = ReplacingMergeTree\nORDER BY (kafka_topic, kafka_partition, kafka_offset)")
+            f"ENGINE = ReplacingMergeTree\n{_order('k8s_events')}")
 
 
 def ingest_progress(db: str, layout: Layout = "current") -> str:
     check_identifier(db)
     ts = "DateTime64(3, 'UTC')" if layout == "current" else "UInt64"
     return (f"CREATE TABLE IF NOT EXISTS {db}.ingest_progress (\n  topic String, partition UInt32, offset UInt64,"
-            f" written_at {ts}\n)\nENGINE = ReplacingMergeTree\nORDER BY (topic, partition, offset)")
+            f" written_at {ts}\n)\nENGINE = ReplacingMergeTree\n{_order('ingest_progress')}")
 
 
 def node_progress(db: str, layout: Layout = "current") -> str:
@@ -216,7 +226,7 @@ def node_progress(db: str, layout: Layout = "current") -> str:
     check_identifier(db)
     ts = "DateTime64(3, 'UTC')" if layout == "current" else "UInt64"
     return (f"CREATE TABLE IF NOT EXISTS {db}.node_progress (\n  node String, closed_tick_ms UInt64,"
-            f" written_at {ts}\n)\nENGINE = ReplacingMergeTree\nORDER BY (node, closed_tick_ms)")
+            f" written_at {ts}\n)\nENGINE = ReplacingMergeTree\n{_order('node_progress')}")
 
 
 def frames_ttl(db: str, days: int, tiering: Tiering | None = None) -> str:

@@ -154,6 +154,7 @@ class NativeBackend:
             kwargs["settings"] = {"insert_distributed_sync": 1}
         self._kwargs = kwargs
         self._client = Client(**kwargs)
+        self._unsure: set[str] = set()  # tables whose last insert broke off: it may have been written
         self._where = f"{settings.clickhouse_host}:{settings.clickhouse_port}" + (f" (or {alt})" if alt else "")
 
     def _run(self, what: str, fn: Any) -> Any:
@@ -189,6 +190,8 @@ class NativeBackend:
         return [name for name, _ in types], [tuple(r) for r in data]
 
     def insert(self, table: str, columns: Columns, token: str | None = None) -> None:
+        from clickhouse_driver.errors import NetworkError
+
         cols = {k: _plain(v) for k, v in columns.items()}
         if self.layout == "current":
             if "ts" in cols:
@@ -198,13 +201,62 @@ class NativeBackend:
                 if name in cols:
                     cols[name] = [datetime.fromtimestamp(v / 1e3, UTC) for v in cols[name]]
         sql = f"INSERT INTO {self.database}.{ddl.check_identifier(table)} ({', '.join(cols)}) VALUES"
-        data: Sequence[list[Any]] = list(cols.values())
         settings = ({"insert_deduplication_token": token, **rollups.INSERT_SETTINGS}
                     if token and self.layout == "current" else None)
-        self._run(f"an insert into {table}", lambda: self._client.execute(sql, data, columnar=True, settings=settings))
+        # Without a token the server cannot drop a block written twice (legacy servers have none): after an
+        # insert into the table failed on the way, the next one asks first which of its rows are stored.
+        keys = ddl.ROW_KEYS.get(table) if token is None or self.layout == "legacy" else None
+
+        def attempt() -> None:
+            data = cols
+            if keys and table in self._unsure:
+                data = self._not_stored(table, cols, keys)
+                if not data[keys[0]]:
+                    self._unsure.discard(table)
+                    return
+            try:
+                self._client.execute(sql, list(data.values()), columnar=True, settings=settings)
+            except (NetworkError, EOFError, OSError):
+                # The connection broke after the block went out, maybe after the server wrote it.
+                self._unsure.add(table)
+                raise
+            self._unsure.discard(table)
+
+        self._run(f"an insert into {table}", attempt)
+
+    def _not_stored(self, table: str, cols: dict[str, list[Any]], keys: tuple[str, ...]) -> dict[str, list[Any]]:
+        """``cols`` less the rows whose identity the table holds already."""
+        where, params = key_filter(keys, cols)
+        stored = {tuple(r) for r in self._client.execute(
+            f"SELECT {', '.join(keys)} FROM {self.database}.{table} WHERE {where}", params)}
+        keep = [i for i, ident in enumerate(zip(*(cols[k] for k in keys), strict=True)) if ident not in stored]
+        n = len(cols[keys[0]])
+        if len(keep) < n:
+            log.warning("ClickHouse had written %d of %d rows of an insert into %s before its reply was lost; "
+                        "writing the other %d", n - len(keep), n, table, len(keep))
+        return {c: [v[i] for i in keep] for c, v in cols.items()}
 
     def close(self) -> None:
         self._client.disconnect()
+
+
+def key_filter(keys: Sequence[str], cols: Columns) -> tuple[str, dict[str, Any]]:
+    """A WHERE clause (with its parameters) that holds every row of ``cols`` and few others: a range for
+    each integer key column, the set of values for the others.
+
+    >>> key_filter(("node", "ts"), {"node": ["b", "a", "b"], "ts": [30, 10, 20]})
+    ('node IN %(k0)s AND ts BETWEEN %(lo1)s AND %(hi1)s', {'k0': ('a', 'b'), 'lo1': 10, 'hi1': 30})
+    """
+    parts, params = [], {}
+    for i, key in enumerate(keys):
+        vals = _plain(cols[key])
+        if vals and all(isinstance(v, int) for v in vals):
+            parts.append(f"{key} BETWEEN %(lo{i})s AND %(hi{i})s")
+            params[f"lo{i}"], params[f"hi{i}"] = min(vals), max(vals)
+        else:
+            parts.append(f"{key} IN %(k{i})s")
+            params[f"k{i}"] = tuple(sorted(set(vals)))
+    return " AND ".join(parts), params
 
 
 def open_backend(settings: Settings) -> Backend:
