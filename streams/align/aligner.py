@@ -182,11 +182,16 @@ class GridAligner:
             idx = np.flatnonzero(late)
             msg = np.searchsorted(starts, idx, side="right") - 1
             disorder = fronts.series_max[sid[idx]] - ts[idx] > self.params.allowed_lateness_ns
-            for m in np.unique(msg).tolist():
-                mine = msg == m
-                rel = (idx[mine] - starts[m]).tolist()
-                why = "disorder" if bool(disorder[mine][0]) else "idle"
-                out.append(LateSamples(reg.source_keys[msg_src[m]], msg_pos[m], rel, int(lens[m]), why))
+            # idx ascends, so each message's late samples are one run of msg: cut the runs in one pass (a
+            # test per message would be quadratic, seconds a poll when a backlog of old data arrives).
+            firsts = np.flatnonzero(np.diff(msg, prepend=-1))
+            ends = [*firsts[1:].tolist(), len(idx)]
+            rel = (idx - starts[msg]).tolist()
+            n_of = lens.tolist()
+            for m, a, b, dis in zip(msg[firsts].tolist(), firsts.tolist(), ends, disorder[firsts].tolist(),
+                                    strict=True):
+                out.append(LateSamples(reg.source_keys[msg_src[m]], msg_pos[m], rel[a:b], n_of[m],
+                                       "disorder" if dis else "idle"))
             keep = ~late
             ts, v, sid, src, pos, tick = ts[keep], v[keep], sid[keep], src[keep], pos[keep], tick[keep]
             unc = unc[keep]

@@ -136,6 +136,23 @@ def test_late_samples_are_reported_not_merged() -> None:
     assert f.counts[p] == 2 and f.value("power") == 2.5
 
 
+def test_each_message_gets_its_own_late_samples_among_many() -> None:
+    p = BY_NAME["power"].index
+    rng = random.Random(9)
+    a = GridAligner(AlignParams(allowed_lateness_ns=0))
+    a.add("n", "0", p, [T0], [1.0])
+    a.add("n", "0", p, [T0 + 3 * GRID], [2.0])
+    a.advance(0)  # ticks 0-2 closed
+    want = []
+    for k in range(400):  # a backlog: late messages, on-time ones and mixed ones in one poll
+        ts = [T0 + rng.randrange(5 * GRID) for _ in range(rng.randrange(1, 6))]
+        a.add("n", "0", p, ts, [1.0] * len(ts), source=f"s{k % 3}", position=k)
+        late = [i for i, t in enumerate(ts) if t < T0 + 3 * GRID]
+        if late:
+            want.append(LateSamples(f"s{k % 3}", k, late, len(ts)))
+    assert a.flush_all().late == want
+
+
 def ticks(adv: Advance) -> list[int]:
     return [(f.tick_ns - T0) // GRID for f in out(adv)]
 

@@ -130,3 +130,25 @@ def test_a_sub_tick_profile_round_trips_and_is_optional() -> None:
         doc["gpus"][0]["fpw_sub"] = bad
         with pytest.raises(FrameDecodeError, match="fpw_sub"):
             decode_frame_message(orjson.dumps(doc))
+
+
+def test_every_present_value_and_derived_column_reaches_its_frame() -> None:
+    rng = np.random.default_rng(7)
+    n = 300
+    # Patterns of present columns as real frames have them (a node's streams), and a few odd ones.
+    shapes = rng.random((4, len(VALUE_COLUMNS))) < 0.7
+    present = shapes[rng.integers(0, 4, n)] & (rng.random((n, len(VALUE_COLUMNS))) < 0.97)
+    vals = {c: np.where(present[:, j], rng.normal(100, 50, n), np.nan) for j, c in enumerate(VALUE_COLUMNS)}
+    nodes = [f"n{i % 7}" for i in range(n)]
+    b = FrameBatch(T0 + GRID * (np.arange(n) // 21), nodes, [str(i % 3) for i in range(n)], [{}] * n, vals, {},
+                   np.zeros(n, np.int64))
+    b.derived = {c: np.where(rng.random(n) < 0.5, rng.random(n), np.nan) for c in DERIVED_COLUMNS[1:]}
+    got = {g.id: g for _, _, raw in encode_batch(b, GRID) for g in decode_frame_message(raw).gpus}
+    assert len(got) == n  # 7 nodes x 3 GPUs: 21 distinct frames a tick
+    for i in range(n):
+        g = got[frame_id(nodes[i], b.gpu[i], int(b.tick_ns[i]))]
+        assert g.values == {c: vals[c][i] for c in VALUE_COLUMNS if present[i, VALUE_COLUMNS.index(c)]}
+        assert g.derived[DERIVED_COLUMNS[0]] is None
+        for c in DERIVED_COLUMNS[1:]:
+            d = b.derived[c][i]
+            assert g.derived[c] == (None if math.isnan(d) else d)
