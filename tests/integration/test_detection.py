@@ -74,17 +74,22 @@ level = 0.4
 
 def read_topic(settings: Settings, topic: str, idle_s: float = 3.0) -> list[tuple[bytes | None, bytes]]:
     """Everything on ``topic`` (read_committed), until nothing new came for ``idle_s``."""
+    return [(key, value) for _, key, value in read_partitions(settings, topic, idle_s)]
+
+
+def read_partitions(settings: Settings, topic: str, idle_s: float = 3.0) -> list[tuple[int, bytes | None, bytes]]:
+    """Everything on ``topic`` (read_committed) as (partition, key, value), each partition in its order."""
     c = Consumer(confluent_config(settings) | {"group.id": f"read-{time.time_ns()}", "auto.offset.reset": "earliest",
                                                "enable.auto.commit": False, "isolation.level": "read_committed"})
     meta = c.list_topics(topic, timeout=10)
     c.assign([TopicPartition(topic, p, 0) for p in meta.topics[topic].partitions])
-    out: list[tuple[bytes | None, bytes]] = []
+    out: list[tuple[int, bytes | None, bytes]] = []
     last = time.monotonic()
     while time.monotonic() - last < idle_s:
         m = c.poll(0.2)
         if m is None or m.error():
             continue
-        out.append((m.key(), m.value() or b""))
+        out.append((m.partition() or 0, m.key(), m.value() or b""))
         last = time.monotonic()
     c.close()
     return out

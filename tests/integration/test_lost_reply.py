@@ -29,9 +29,9 @@ def stop_merges(settings: Settings) -> None:
 
 def test_an_insert_whose_reply_was_lost_is_not_written_twice(native_settings: Settings) -> None:
     marker = f"INSERT INTO {native_settings.clickhouse_database}.gpu_frames".encode()
-    with ReplyCutter(native_settings.clickhouse_port, marker) as cutter:
+    with ReplyCutter(native_settings.clickhouse_port, marker, hold_s=1.5) as cutter:
         settings = native_settings.replace(clickhouse_port=cutter.port, flush_rows=100)
-        with live_run(settings, SimParams(nodes=2, gpus=4, seed=67, start_ns=whole_second(0)), 45.0) as (
+        with live_run(settings, SimParams(nodes=2, gpus=4, seed=67, start_ns=whole_second(0)), 25.0) as (
                 pub, worker, producing):
             worker.wait_for(lambda st: st["frames_written"] > 0)
             # Merges would fold rows written twice into one and hide the fault: count() must equal uniqExact
@@ -45,7 +45,7 @@ def test_an_insert_whose_reply_was_lost_is_not_written_twice(native_settings: Se
                     time.sleep(0.2)
                 assert cutter.cuts == cuts + 1, "no insert into gpu_frames was cut"
                 worker.wait_for_log("before its reply was lost", timeout_s=30)
-                time.sleep(3.0)
+                time.sleep(1.0)
             producing.join(120)
             assert not producing.is_alive()
             wait_exact(worker, native_settings, list(pub.sent), timeout_s=120)

@@ -1,7 +1,8 @@
 """Issue 22 §2: several workers coming and going. Three workers share one group on a 12-partition topic set
 while the collectors produce; every 20 s one of them is SIGKILLed or SIGTERMed and another starts. The frames
 in ClickHouse are exact at the end, every alert message is on the alerts topic once and they are the alerts of
-one detector run over the same frames without a fault, and each rebalance's catch-up time is measured.
+one detector run over the same frames without a fault, the scale triggers and decisions are those of one
+decider run over the same summaries, and each rebalance's catch-up time is measured.
 
 CI runs a 100 s storm (five rebalances); ``FLOPWATCH_STORM_S=300`` runs the issue's five minutes.
 """
@@ -16,7 +17,7 @@ import statistics
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import orjson
@@ -25,12 +26,15 @@ from agents.collect.simulator import SimulatorPublisher
 from agents.kafka.admin import delete_topics, ensure_topics
 from agents.kafka.topics import Topics
 from agents.settings import Settings
+from agents.sinks.clickhouse import NativeBackend
 from schemas.alerts import decode_alert
 from schemas.frame_messages import FrameMessage, decode_frame_message
+from schemas.workload_samples import decode_workload_sample
+from streams.decide.engine import Decider
 from streams.detect.detectors import Detectors
 from streams.sim.simulate import SimParams
 from tests.integration.helpers import Worker, assert_frames_equal, expected_frames, stored_frames
-from tests.integration.test_detection import read_topic
+from tests.integration.test_detection import read_partitions, read_topic
 
 S = 1_000_000_000
 STORM_S = float(os.environ.get("FLOPWATCH_STORM_S", "100"))
@@ -40,8 +44,13 @@ CAUGHT_UP = 200  # records behind the end, summed over the live workers: what on
 
 def test_a_rebalance_storm_of_three_workers_loses_and_doubles_nothing(native_settings: Settings,
                                                                      tmp_path: Path) -> None:
+    # Live, a decision on a tick older than the age guard (30 s on the wall clock) is withheld, and a rebalance's
+    # catch-up moves which ticks that hits; lifted here, the decisions are a function of the input alone.
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[rules]\nmax_age_s = 3600\n")
     settings = native_settings.replace(topic_prefix=f"storm{uuid.uuid4().hex[:6]}.", partitions=12,
-                                       flush_interval_ms=300, source_idle_s=2.0, web_enabled=False)
+                                       flush_interval_ms=300, source_idle_s=2.0, web_enabled=False,
+                                       decide_policy=str(policy))
     ensure_topics(settings)
     duration = STORM_S + 25.0
     # Twelve nodes keyed over twelve partitions: each worker of three owns some of them at any time.
@@ -101,6 +110,10 @@ def test_a_rebalance_storm_of_three_workers_loses_and_doubles_nothing(native_set
         sent = _alert_messages(settings)
         triggers = [str(orjson.loads(raw)["id"])
                     for _, raw in read_topic(settings, Topics(settings.topic_prefix).triggers, idle_s=1.0)]
+        want_decisions = _single_run_decisions(settings)
+        deadline = time.monotonic() + 30
+        while not want_decisions <= set(decisions := _stored_decisions(settings)) and time.monotonic() < deadline:
+            time.sleep(1.0)
     finally:
         for w in workers:
             w.proc.kill()
@@ -115,10 +128,11 @@ def test_a_rebalance_storm_of_three_workers_loses_and_doubles_nothing(native_set
     assert all(st.get("rejects", {}) == {} for st in (w.drain() for w in workers))
     twice = {m: n for m, n in Counter(sent).items() if n > 1}
     assert not twice, f"alert messages sent more than once: {twice}"
-    # Scale triggers, when the decision agents took any, once each. (Which are taken is not compared with a
-    # single run: a trigger older than its age guard on the wall clock is withheld, and a rebalance's
-    # catch-up moves that.)
+    # Scale triggers once each, and the decisions (taken or not) those of a single decider run on the same input.
     assert not {t: n for t, n in Counter(triggers).items() if n > 1}, triggers
+    assert set(triggers) == {i for i, outcome in want_decisions if outcome == "taken"}, (triggers, want_decisions)
+    assert set(decisions) == want_decisions, (f"missing {sorted(want_decisions - set(decisions))[:10]}, "
+                                              f"unexpected {sorted(set(decisions) - want_decisions)[:10]}")
     # Attributions (``:causes``) are left out: they also depend on when each agent read the Kubernetes events.
     decided = {m for m in sent if not m.endswith(":causes")}
     assert len(want_alerts) >= 20, f"too few alerts to tell anything: {sorted(want_alerts)}"
@@ -127,6 +141,7 @@ def test_a_rebalance_storm_of_three_workers_loses_and_doubles_nothing(native_set
                                     f"{[w.drain().get('detect') for w in workers]}\n{''.join(workers[-1].tail)[-4000:]}")
     report = {"storm_s": STORM_S, "every_s": EVERY_S, "workers": 3, "partitions": 12, "frames": len(want),
               "alert_messages": len(sent), "alerts_without_attributions": len(decided), "triggers": len(triggers),
+              "decisions": dict(Counter(o for _, o in want_decisions)),
               "catch_up_s": [[how, round(s, 1)] for how, s in catch_up],
               "median_catch_up_s": {h: round(statistics.median(s for x, s in catch_up if x == h), 1)
                                     for h in {x for x, _ in catch_up}}}
@@ -150,6 +165,30 @@ def _single_run_alerts(settings: Settings) -> set[str]:
             det = detectors[node] = Detectors(settings.detect_params(), settings.align_params().grid_ns)
         out.update(a.message_id for a in det.on_message(m) if not a.message_id.endswith(":causes"))
     return out
+
+
+def _single_run_decisions(settings: Settings) -> set[tuple[str, str]]:
+    """(trigger id, outcome) of every decision one decider per workloads partition makes on the partition's
+    summaries in the topic's order (repeats included: a decider drops them), with no wall-clock age check:
+    what a decision agent that never failed would have decided on the same input."""
+    by_partition: dict[int, list[bytes]] = defaultdict(list)
+    for partition, _, raw in read_partitions(settings, Topics(settings.topic_prefix).workloads, idle_s=2.0):
+        by_partition[partition].append(raw)
+    out: set[tuple[str, str]] = set()
+    for raws in by_partition.values():
+        decider = Decider(settings.decide_params())
+        for raw in raws:
+            out.update((d.trigger.id, d.outcome) for d in decider.on_sample(decode_workload_sample(raw), None))
+    return out
+
+
+def _stored_decisions(settings: Settings) -> list[tuple[str, str]]:
+    backend = NativeBackend(settings)
+    try:
+        _, rows = backend.rows(f"SELECT id, outcome FROM {settings.clickhouse_database}.scale_decisions")
+    finally:
+        backend.close()
+    return [(str(i), str(o)) for i, o in rows]
 
 
 def _alert_messages(settings: Settings) -> list[str]:
