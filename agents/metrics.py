@@ -79,6 +79,12 @@ class Metrics:
                                   "Records behind the end of the partitions the ingest owns; NaN until known.",
                                   registry=r)
         self.consumer_lag.set(math.nan)  # 0 would claim the worker has caught up before it knows
+        # What the ingest holds in memory between flushes: with the lag, what an operator sizes memory by.
+        self.open_cells = Gauge("flopwatch_open_cells",
+                                "Frames (one GPU or host per tick) with samples waiting for their node's watermark.",
+                                registry=r)
+        self.held = Gauge("flopwatch_held_messages",
+                          "Clock-domain sample messages waiting for their clock's beacon.", registry=r)
         self.detect_frames = Counter("flopwatch_detect_frames_total",
                                      "Frames messages the detection agent evaluated.", registry=r)
         self.detect_rejects = Counter("flopwatch_detect_rejects_total",
@@ -105,6 +111,8 @@ class Metrics:
         _by_label(self.rejects, self._ingest, "reject:", stats.rejects)
         if stats.lag is not None:
             self.consumer_lag.set(stats.lag)
+        self.open_cells.set(stats.open_cells)
+        self.held.set(stats.held)
 
     def observe_detect(self, stats: DetectStats) -> None:
         """Take the detection agent's totals."""
