@@ -9,10 +9,11 @@ what the engine is, which id an output has, and what to do after each message.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Generic, Protocol, TypeVar
+from typing import ClassVar, Final, Generic, Protocol, TypeVar
 
 from agents.runtime.backoff import with_backoff
 from agents.runtime.partition_agent import FrameHistory, Rejects, dead_letter, read_history
@@ -21,6 +22,7 @@ from schemas.counters import Counters
 from schemas.records import Reject, RejectReason
 
 log = logging.getLogger(__name__)
+REPLAY_TURN: Final = 64  # replayed messages between two yields to the event loop (~30 ms of work)
 
 St = TypeVar("St")  # one partition's engine
 In = TypeVar("In")  # a decoded input message
@@ -220,7 +222,11 @@ class PartitionRuntime(Generic[St, In, Out]):
                                             self.clock.wall_ns() // 1_000_000)
         self._sent[partition] = sent
         self._start_replay(partition)
-        for raw in replayed:
+        for k, raw in enumerate(replayed):
+            if k and k % REPLAY_TURN == 0:
+                # A replay of many GPUs' last 15 minutes is seconds of CPU: in one go it would starve the group
+                # heartbeats of every consumer on this loop (the ingest's too) and get the worker dropped.
+                await asyncio.sleep(0)
             try:
                 self._replay_one(partition, state, raw, sent)
             except Exception:  # counted when it was first read; a replay only rebuilds state

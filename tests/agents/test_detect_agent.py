@@ -12,6 +12,7 @@ import numpy as np
 import orjson
 
 from agents.detect.agent import DetectRuntime, install
+from agents.runtime.partition_runtime import REPLAY_TURN
 from schemas.alerts import Alert, Cause, encode_alert
 from schemas.frame_messages import FrameMessage, GpuFrame, encode_frame_message
 from schemas.records import Reject
@@ -146,6 +147,41 @@ async def _a_restarted_agent_rebuilds_state_and_sends_the_same_ids() -> None:
     before = {a.message_id for a in first.alerts if a.ts_ns <= T0 + cut * GRID}
     after = [a for a in first.alerts if a.message_id not in before]
     assert [a.message_id for a in second.alerts] == [a.message_id for a in after]
+
+
+def test_a_long_rebuild_lets_the_rest_of_the_worker_run() -> None:
+    asyncio.run(_a_long_rebuild_lets_the_rest_of_the_worker_run())
+
+
+async def _a_long_rebuild_lets_the_rest_of_the_worker_run() -> None:
+    # The group heartbeats, the ingest and the web page share the agent's event loop: a replay must yield.
+    msgs = frames(300, drop_at=400, drop_len=0)
+    agent, runtime, _, _ = make(History(msgs[:-1]))
+    turns = 0
+    seen_at_replay: list[int] = []
+
+    async def ticker() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    replay_one = runtime._replay_one
+
+    def replay_counted(partition: int, state: Any, raw: bytes, sent: dict[str, bytes]) -> None:
+        seen_at_replay.append(turns)
+        replay_one(partition, state, raw, sent)
+
+    runtime._replay_one = replay_counted  # type: ignore[method-assign]
+    ticking = asyncio.create_task(ticker())
+    try:
+        async with agent.test_context() as tc:
+            await tc.put(value=msgs[-1], key=b"node-1", partition=0, timestamp=(T0 + 299 * GRID) / 1e9)
+    finally:
+        ticking.cancel()
+    assert len(seen_at_replay) == 299 and runtime.stats.rebuilds == 1
+    # Other coroutines ran between the replay's first and last message, once per REPLAY_TURN messages.
+    assert seen_at_replay[-1] - seen_at_replay[0] >= 299 // REPLAY_TURN
 
 
 def test_a_bad_message_goes_to_the_dead_letter_sink_and_the_agent_goes_on() -> None:
