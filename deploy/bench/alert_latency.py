@@ -50,6 +50,14 @@ def scenario_text(nodes: int, gpus: int, seconds: float, every: float = 12.0) ->
     return "\n".join(events)
 
 
+def by_node(late_frames: list[tuple[float, int, str]], before_s: float) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for after, tick_s, node in late_frames:
+        if tick_s < before_s:
+            out.setdefault(node, []).append(after)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=150.0)
@@ -126,6 +134,10 @@ def main() -> None:
             "slowest": sorted(slowest, reverse=True)[:5],
             "frames_after_tick_end_median_s": statistics.median(x[0] for x in late_frames) if late_frames else None,
             "latest_frames": sorted(late_frames, reverse=True)[:8],
+            # Per node, the median of its frames (the run's last 10 s left out: the input stops there), slowest first.
+            "frames_after_tick_end_by_node_median_s": sorted(
+                ((round(statistics.median(v), 3), node) for node, v in by_node(late_frames, args.seconds - 10).items()),
+                reverse=True)[:6],
             "nodes": args.nodes, "gpus": args.gpus, "seconds": args.seconds}))
 
 
