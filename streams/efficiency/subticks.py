@@ -157,7 +157,9 @@ class SubTicks:
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             # The same operations, in the same order, as one frame's profile always took.
             prof = fpw * ((act_sum / act_n) / activity) * (power / (acc[:, :, 4] / acc[:, :, 5]))
-        prof = np.where(ok, prof, np.nan)
+        # A power reading of a few 1e-313 W (in range, but no real sensor's) overflows to inf or 0 x inf: a
+        # figure that cannot be told, like an empty bucket; the frames contract carries finite numbers only.
+        prof = np.where(ok & np.isfinite(prof), prof, np.nan)
         # Release: per GPU, up to the end of its newest closed tick.
         known = sid >= 0
         if known.any():
