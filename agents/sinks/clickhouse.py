@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -157,7 +157,9 @@ class NativeBackend:
         self._unsure: set[str] = set()  # tables whose last insert broke off: it may have been written
         self._where = f"{settings.clickhouse_host}:{settings.clickhouse_port}" + (f" (or {alt})" if alt else "")
 
-    def _run(self, what: str, fn: Any) -> Any:
+    def _run(self, what: str, fn: Any, broke: Callable[[], None] | None = None) -> Any:
+        """``fn()``, retried while the server is unreachable; ``broke()`` is called each time the connection
+        fails under it (an insert's block may have been written all the same)."""
         from clickhouse_driver.errors import Error, NetworkError, ServerException
 
         delay = self._backoff_s
@@ -165,6 +167,8 @@ class NativeBackend:
             try:
                 return fn()
             except (NetworkError, EOFError, OSError) as exc:
+                if broke is not None:
+                    broke()
                 if attempt == self._attempts:
                     raise ClickHouseUnreachable(f"ClickHouse at {self._where} unreachable ({what}): {exc}") from exc
                 log.warning("ClickHouse %s failed (attempt %d/%d): %s; retrying", what, attempt, self._attempts, exc)
@@ -190,8 +194,6 @@ class NativeBackend:
         return [name for name, _ in types], [tuple(r) for r in data]
 
     def insert(self, table: str, columns: Columns, token: str | None = None) -> None:
-        from clickhouse_driver.errors import NetworkError
-
         cols = {k: _plain(v) for k, v in columns.items()}
         if self.layout == "current":
             if "ts" in cols:
@@ -214,15 +216,11 @@ class NativeBackend:
                 if not data[keys[0]]:
                     self._unsure.discard(table)
                     return
-            try:
-                self._client.execute(sql, list(data.values()), columnar=True, settings=settings)
-            except (NetworkError, EOFError, OSError):
-                # The connection broke after the block went out, maybe after the server wrote it.
-                self._unsure.add(table)
-                raise
+            self._client.execute(sql, list(data.values()), columnar=True, settings=settings)
             self._unsure.discard(table)
 
-        self._run(f"an insert into {table}", attempt)
+        # A connection that broke after the block went out may have broken after the server wrote it.
+        self._run(f"an insert into {table}", attempt, broke=lambda: self._unsure.add(table))
 
     def _not_stored(self, table: str, cols: dict[str, list[Any]], keys: tuple[str, ...]) -> dict[str, list[Any]]:
         """``cols`` less the rows whose identity the table holds already."""

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from agents.settings import Settings
-from agents.sinks.clickhouse import NativeBackend
+from agents.sinks.clickhouse import open_backend
 from streams.sim.simulate import SimParams
 from tests.integration.helpers import live_run
 from tests.integration.reply_cut import ReplyCutter
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 
 def stop_merges(settings: Settings) -> None:
-    backend = NativeBackend(settings)
+    backend = open_backend(settings)
     try:
         backend.execute(f"SYSTEM STOP MERGES {settings.clickhouse_database}.gpu_frames")
     finally:

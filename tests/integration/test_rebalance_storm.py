@@ -26,7 +26,7 @@ from agents.collect.simulator import SimulatorPublisher
 from agents.kafka.admin import delete_topics, ensure_topics
 from agents.kafka.topics import Topics
 from agents.settings import Settings
-from agents.sinks.clickhouse import NativeBackend
+from agents.sinks.clickhouse import open_backend
 from schemas.alerts import decode_alert
 from schemas.frame_messages import FrameMessage, decode_frame_message
 from schemas.workload_samples import decode_workload_sample
@@ -183,7 +183,7 @@ def _single_run_decisions(settings: Settings) -> set[tuple[str, str]]:
 
 
 def _stored_decisions(settings: Settings) -> list[tuple[str, str]]:
-    backend = NativeBackend(settings)
+    backend = open_backend(settings)
     try:
         _, rows = backend.rows(f"SELECT id, outcome FROM {settings.clickhouse_database}.scale_decisions")
     finally:
