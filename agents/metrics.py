@@ -83,6 +83,9 @@ class Metrics:
         self.open_cells = Gauge("flopwatch_open_cells",
                                 "Frames (one GPU or host per tick) with samples waiting for their node's watermark.",
                                 registry=r)
+        self.nodes_held = Gauge("flopwatch_nodes_held",
+                                "Nodes the aligners hold state for; those quiet for FLOPWATCH_NODE_FORGET_S are "
+                                "forgotten.", registry=r)
         self.held = Gauge("flopwatch_held_messages",
                           "Clock-domain sample messages waiting for their clock's beacon.", registry=r)
         self.detect_frames = Counter("flopwatch_detect_frames_total",
@@ -112,6 +115,7 @@ class Metrics:
         if stats.lag is not None:
             self.consumer_lag.set(stats.lag)
         self.open_cells.set(stats.open_cells)
+        self.nodes_held.set(stats.nodes_held)
         self.held.set(stats.held)
 
     def observe_detect(self, stats: DetectStats) -> None:

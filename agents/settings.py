@@ -116,6 +116,10 @@ class Settings:
     step_idle_s: float = _ALIGN.step_idle_ns / 1e9
     """The same bound for a live node's per-step streams (torch, NCCL, dataloader), which pause with
     their job (``streams.align.steps``); FLOPWATCH_STEP_IDLE_S."""
+    node_forget_s: float = _ALIGN.forget_ns / 1e9
+    """A node whose streams have all been quiet this long (while Kafka confirmed them caught up), with no open
+    cell, is forgotten by the aligner: bounded memory when nodes come and go (``streams.align.forget``); at
+    least FLOPWATCH_SOURCE_IDLE_S; FLOPWATCH_NODE_FORGET_S."""
     max_age_s: float = 7 * 86400.0
     """UTC samples older than this are rejected ``too_old``; FLOPWATCH_MAX_AGE_S."""
     frames_retention_days: int = 400
@@ -229,6 +233,8 @@ class Settings:
             allowed_lateness_ns=self.lateness_ms * 1_000_000,
             idle_ns=int(self.source_idle_s * 1e9),
             step_idle_ns=int(self.step_idle_s * 1e9),
+            forget_ns=int(self.node_forget_s * 1e9),
+            remember_ns=max(int(self.max_age_s * 1e9), int(self.node_forget_s * 1e9)),
         )
 
     def detect_params(self) -> DetectParams:
@@ -301,6 +307,9 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path 
         raise SettingsError(f"unknown setting(s): {', '.join(sorted(unknown))}")
     converted = {k: convert(k, hints[k], v) for k, v in values.items()}
     settings = Settings(**converted)
+    if settings.node_forget_s < settings.source_idle_s:
+        raise SettingsError(f"{ENV_PREFIX}NODE_FORGET_S ({settings.node_forget_s:g}) must be at least "
+                            f"{ENV_PREFIX}SOURCE_IDLE_S ({settings.source_idle_s:g})")
     try:
         settings.align_params()  # validates the grid and lateness now, not at first use
     except (ValueError, OverflowError) as exc:
@@ -344,8 +353,9 @@ _RETIRED = {
 }
 
 _POSITIVE = ("partitions", "replication", "flush_interval_ms", "flush_rows", "max_poll_records", "grid_ms",
-             "source_idle_s", "step_idle_s", "max_age_s", "max_future_s", "clickhouse_port", "clock_wait_s",
-             "frames_retention_days", "rollup_1m_retention_days", "rollup_1h_retention_days", "hot_days")
+             "source_idle_s", "step_idle_s", "node_forget_s", "max_age_s", "max_future_s", "clickhouse_port",
+             "clock_wait_s", "frames_retention_days", "rollup_1m_retention_days", "rollup_1h_retention_days",
+             "hot_days")
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

@@ -71,6 +71,7 @@ class IngestStats(Counters):
     lag: int | None = None  # records behind the end of the assigned partitions; None: not known yet
     flushes: int = 0
     open_cells: int = 0
+    nodes_held: int = 0  # nodes the aligners hold now (those quiet for node_forget_s are forgotten)
     held: int = 0  # clock-domain sample messages waiting for a beacon
     late: Counter[str] = field(default_factory=Counter)  # late samples by "node/sensor"
     first_record_ns: int = 0  # monotonic; for throughput figures
@@ -345,3 +346,6 @@ class IngestCore:
 
     def open_cells(self) -> int:
         return sum(a.open_cells() for a in self._aligners.values())
+
+    def nodes_held(self) -> int:
+        return sum(a.nodes_held() for a in self._aligners.values())

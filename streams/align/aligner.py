@@ -36,6 +36,7 @@ from schemas.frames import COUNT_COLUMNS, VALUE_COLUMNS
 from schemas.records import Labels, Times, Values
 from streams.align.aggregate import F64, I64, Frame, FrameBatch, aggregate
 from streams.align.correction import Correction, to_utc
+from streams.align.forget import Gone, GoneNodes, forgettable, worth_it
 from streams.align.grid import Advance, AlignParams, LateSamples, Recovered
 from streams.align.open_samples import OpenSamples, Rows
 from streams.align.registry import StreamRegistry
@@ -101,11 +102,14 @@ class GridAligner:
         self._late_store: list[LateSamples] = []  # late samples found outside advance()
         self._held: tuple[BoolArr, BoolArr] | None = None  # who held at the last advance
         self._open = OpenSamples()  # samples of open cells
+        self._gone = GoneNodes()  # nodes forgotten after they went quiet (streams.align.forget)
+        self.forgotten = 0  # nodes forgotten so far
 
     # -- input ---------------------------------------------------------------------------
     def _node_id(self, node: str) -> int:
         boundary = self._recovered.boundaries.get(node)
-        return self._reg.add_node(node, NO_TS if boundary is None else boundary // self._grid + 1)
+        closed = self._gone.closed(node, NO_TS if boundary is None else boundary // self._grid + 1)
+        return self._reg.add_node(node, closed)
 
     def _source_id(self, source: Hashable) -> int:
         src = self._reg.add_source(source)
@@ -136,8 +140,9 @@ class GridAligner:
             src = self._source_id(source)
         sid = reg.series.get((nid, gpu, sensor_index))
         if sid is None:
+            prev = self._gone.counter(node, gpu, sensor_index)
             sid = reg.add_series(nid, node, gpu, sensor_index, src,
-                                 self._recovered.counters.get((node, gpu, sensor_index)))
+                                 self._recovered.counters.get((node, gpu, sensor_index)) if prev is None else prev)
         if labels is not None:
             reg.labels[reg.s_pair[sid]] = labels
         ts, v = _column(ts_ns, "q"), _column(values, "d")  # before any state changes: all or nothing
@@ -230,24 +235,50 @@ class GridAligner:
         reg, fronts = self._reg, self._fronts
         series_held, source_held, series_quiet = fronts.holding(reg, quiet_ns, now_ns, self.params)
         self._held = series_held, source_held
-        if not len(self._open):
-            return Advance(self._empty_batch(), late)
         nodes = len(reg.node_names)
         s_node = reg.arr("s_node")
-        newest_tick = self._open.newest_ticks(nodes, NO_TS)
-        wms = fronts.watermarks(reg, series_held, source_held, self.params.allowed_lateness_ns)
         # A node is idle when all its series have been quiet for the bound and no source
         # still holds from behind (its part of a burst may yet bring this node's samples).
         least_quiet = np.full(nodes, np.iinfo(np.int64).max, np.int64)
         seen = fronts.series_max > NO_TS
         np.minimum.at(least_quiet, s_node[seen], series_quiet[seen])
-        may_idle = source_hold_ns is None and not (source_held & fronts.source_quiet.is_behind()).any()
-        close = close_before(self.params, np.array(reg.node_closed, np.int64), newest_tick, wms, least_quiet,
-                             may_idle, source_hold_ns)
-        if len(self._open) > self.params.max_open_samples:
-            rows = self._open.rows()
-            close = cap_open(self.params.max_open_samples, close, rows.tick, rows.node)
-        return Advance(self._close(close), late)
+        frames = self._empty_batch()
+        if len(self._open):
+            newest_tick = self._open.newest_ticks(nodes, NO_TS)
+            wms = fronts.watermarks(reg, series_held, source_held, self.params.allowed_lateness_ns)
+            may_idle = source_hold_ns is None and not (source_held & fronts.source_quiet.is_behind()).any()
+            close = close_before(self.params, np.array(reg.node_closed, np.int64), newest_tick, wms, least_quiet,
+                                 may_idle, source_hold_ns)
+            if len(self._open) > self.params.max_open_samples:
+                rows = self._open.rows()
+                close = cap_open(self.params.max_open_samples, close, rows.tick, rows.node)
+            frames = self._close(close)
+        self._forget(least_quiet)
+        return Advance(frames, late)
+
+    def _forget(self, least_quiet: I64) -> None:
+        """Forget the nodes that went away, when enough of them did (``streams.align.forget``)."""
+        reg, fronts = self._reg, self._fronts
+        gone = forgettable(least_quiet, self._open.newest_ticks(len(least_quiet), NO_TS), NO_TS,
+                           self.params.forget_ns)
+        if not worth_it(gone):
+            return
+        s_node = reg.arr("s_node")
+        newest = np.full(len(gone), NO_TS, np.int64)
+        np.maximum.at(newest, s_node, fronts.series_max[: len(s_node)])
+        by_node: dict[int, dict[tuple[str, int], float]] = {}
+        for sid, prev in reg.counter_prev.items():
+            if gone[s_node[sid]]:
+                by_node.setdefault(int(s_node[sid]), {})[(reg.pair_names[reg.s_pair[sid]][1], reg.s_sensor[sid])] = prev
+        for nid in np.flatnonzero(gone).tolist():
+            self._gone.remember(reg.node_names[nid], Gone(reg.node_closed[nid], int(newest[nid]), by_node.get(nid, {})))
+        renum = reg.drop_nodes(gone)
+        fronts.keep_series(renum.series_kept)
+        self._open.renumber(renum.sid_map, renum.node_map)
+        if self._held is not None:
+            self._held = self._held[0][renum.series_kept[: len(self._held[0])]], self._held[1]
+        self.forgotten += int(gone.sum())
+        self._gone.prune(int(fronts.src_newest.max(initial=NO_TS)), self.params.remember_ns)
 
     def flush_all(self) -> Advance:
         """Close every open cell (shutdown of a run whose input has ended)."""
@@ -308,6 +339,9 @@ class GridAligner:
         span = int(rows.tick.max()) - base + 1
         return len(np.unique(pairs * span + (rows.tick - base)))
 
+    def nodes_held(self) -> int:
+        return len(self._reg.node_names)
+
     def open_samples(self) -> int:
         return len(self._open)
 
@@ -326,7 +360,7 @@ class GridAligner:
         return aligner
 
 
-_REGISTRY: Final = ("_late_store", "_reg", "_fronts")
+_REGISTRY: Final = ("_late_store", "_reg", "_fronts", "_gone", "forgotten")
 
 
 def _column(xs: Times | Values, typecode: str) -> Any:

@@ -22,6 +22,8 @@ class AlignParams:
     step_idle_ns: int = 500_000_000  # the same for a per-step stream, which pauses with its job
     max_open_ticks: int = 3_600
     max_open_samples: int = 4_000_000  # ~200 MB of open samples; beyond it the oldest ticks close
+    forget_ns: int = 3_600_000_000_000  # a node quiet this long, with nothing open, is forgotten (streams.align.forget)
+    remember_ns: int = 7 * 86_400_000_000_000  # how long (event time) a forgotten node's closed tick is kept
 
     def __post_init__(self) -> None:
         if not 100_000_000 <= self.grid_ns <= 60_000_000_000:
@@ -30,6 +32,8 @@ class AlignParams:
             raise ValueError("lateness must be >= 0 and the idle bounds > 0")
         if self.max_open_ticks < 1 or self.max_open_samples < 1:
             raise ValueError("max_open_ticks and max_open_samples must be >= 1")
+        if self.forget_ns < self.idle_ns or self.remember_ns < self.forget_ns:
+            raise ValueError("forget_ns must be at least idle_ns, and remember_ns at least forget_ns")
 
 
 @dataclass(frozen=True, slots=True)

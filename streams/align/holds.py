@@ -126,6 +126,10 @@ class QuietStreams:
         """How long each stream has been quiet (since its last delivery), on its source's clock."""
         return np.where(self.last == UNSET, 0, quiet_now - self.last)
 
+    def keep(self, kept: npt.NDArray[np.bool_]) -> None:
+        """Keep only the streams marked in ``kept`` (by stream id), renumbered in order."""
+        self.last, self.behind = self.last[kept[: len(self.last)]], self.behind[kept[: len(self.behind)]]
+
     def state(self) -> tuple[I64, I64]:
         return self.last.copy(), self.behind.copy()
 

@@ -24,7 +24,7 @@ never many.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Final
 
 import numpy as np
@@ -157,6 +157,11 @@ class OpenSamples:
             low = chunk.oldest_positions()
             np.minimum(out[:len(low)], low, out=out[:len(low)])
         return out
+
+    def renumber(self, sid_map: I64, node_map: I64) -> None:
+        """Give every open sample its series' and node's new id (``StreamRegistry.drop_nodes``)."""
+        self._chunks = [_Chunk(replace(c.rows, sid=sid_map[c.rows.sid], node=node_map[c.rows.node]))
+                        for c in self._chunks]
 
     @classmethod
     def of(cls, rows: Rows) -> OpenSamples:

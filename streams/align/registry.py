@@ -2,7 +2,8 @@
 integers in arrays.
 
 A series is one node x gpu x sensor; it keeps the source it first arrived on. Ids are
-handed out in order of first appearance and never reused, so every per-id list only grows.
+handed out in order of first appearance; they change only when ``drop_nodes`` forgets nodes
+that went away, which renumbers what is left (the aligner renumbers its arrays with it).
 
 >>> r = StreamRegistry()
 >>> n = r.add_node("n1", closed=0)
@@ -16,12 +17,26 @@ handed out in order of first appearance and never reused, so every per-id list o
 from __future__ import annotations
 
 from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from schemas.records import Labels
 from streams.align.aggregate import I64
+
+BoolArr = npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True, slots=True)
+class Renumber:
+    """How ``drop_nodes`` renumbered: which series stayed (by old id), and each old series and node id's new one
+    (meaningless for those dropped)."""
+
+    series_kept: BoolArr
+    sid_map: I64
+    node_map: I64
 
 
 class StreamRegistry:
@@ -71,6 +86,43 @@ class StreamRegistry:
         if counter_prev is not None:
             self.counter_prev[sid] = counter_prev
         return sid
+
+    def drop_nodes(self, gone: BoolArr) -> Renumber:
+        """Forget the nodes marked in ``gone`` (by node id) with their pairs and series, and renumber the rest
+        in their order.
+
+        >>> r = StreamRegistry()
+        >>> a, b = r.add_node("a", closed=0), r.add_node("b", closed=7)
+        >>> _ = [r.add_series(n, name, "0", 4, 0, None) for n, name in ((a, "a"), (b, "b"))]
+        >>> r.drop_nodes(np.array([True, False])).series_kept.tolist(), r.nodes, r.series, r.node_closed
+        ([False, True], {'b': 0}, {(0, '0', 4): 0}, [7])
+        """
+        keep_node = ~gone
+        s_node, s_pair, s_sensor, s_src = (self.arr(k) for k in ("s_node", "s_pair", "s_sensor", "s_src"))
+        keep = keep_node[s_node]
+        node_map = np.cumsum(keep_node) - 1
+        pair_keep = np.zeros(len(self.pair_names), bool)
+        pair_keep[s_pair[keep]] = True
+        for (node, _), pid in self.pairs.items():  # a pair with no series yet goes with its node
+            if not pair_keep[pid] and keep_node[self.nodes[node]]:
+                pair_keep[pid] = True
+        pair_map = np.cumsum(pair_keep) - 1
+        sid_map = np.cumsum(keep) - 1
+        self.node_names = [n for n, k in zip(self.node_names, keep_node.tolist(), strict=True) if k]
+        self.node_closed = [c for c, k in zip(self.node_closed, keep_node.tolist(), strict=True) if k]
+        self.nodes = {n: i for i, n in enumerate(self.node_names)}
+        self.pair_names = [p for p, k in zip(self.pair_names, pair_keep.tolist(), strict=True) if k]
+        self.pairs = {p: i for i, p in enumerate(self.pair_names)}
+        self.labels = {int(pair_map[p]): lab for p, lab in self.labels.items() if pair_keep[p]}
+        self.series = {(int(node_map[n]), gpu, si): int(sid_map[sid])
+                       for (n, gpu, si), sid in self.series.items() if keep[sid]}
+        self.s_node = node_map[s_node[keep]].tolist()
+        self.s_pair = pair_map[s_pair[keep]].tolist()
+        self.s_sensor = s_sensor[keep].tolist()
+        self.s_src = s_src[keep].tolist()
+        self.counter_prev = {int(sid_map[sid]): v for sid, v in self.counter_prev.items() if keep[sid]}
+        self._arrays = {}
+        return Renumber(keep, sid_map, node_map)
 
     def arr(self, name: str) -> I64:
         """A per-series list (``s_node``, ``s_pair``, ``s_sensor``, ``s_src``) as an array, rebuilt only when

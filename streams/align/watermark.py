@@ -76,6 +76,15 @@ class Fronts:
             grown[: len(self.series_max)] = self.series_max
             self.series_max = grown
 
+    def keep_series(self, kept: BoolArr) -> None:
+        """Keep only the series marked in ``kept`` (by series id), renumbered in order; between advances (nothing
+        touched since the last ``holding``)."""
+        if self.touched_sid:
+            raise RuntimeError("series delivered since the last holding(): renumber after an advance")
+        self.series_max = self.series_max[kept[: len(self.series_max)]]
+        self.series_quiet.keep(kept)
+        self.series_steps.keep(kept)
+
     def received(self, msg_sids: I64, msg_srcs: I64, lens: I64, ts: I64) -> None:
         """Messages arrived (one entry each; ``ts`` all their samples, message after message)."""
         self.touched_sid.append(msg_sids)

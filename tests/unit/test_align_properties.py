@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -92,13 +93,16 @@ def burst_schedule(rng: random.Random, samples: dict[Series, list[tuple[int, flo
     return out
 
 
+@pytest.mark.parametrize("forget", [False, True])
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 100_000), bursts=st.integers(1, 4), chunk=st.sampled_from([1, 5, 20]))
 def test_bursts_in_any_topic_order_poll_cut_and_caught_up_state_give_the_oracle_frames(
-        seed: int, bursts: int, chunk: int) -> None:
+        forget: bool, seed: int, bursts: int, chunk: int) -> None:
     """Bursts of whole seconds; within one, each topic lands at its own moment within its idle
     bound and is read in arbitrary polls; quiet clocks run or stand still at random. A per-step
-    topic's bound is the short one, and its bursts come after a rest (``streams.align.holds``)."""
+    topic's bound is the short one, and its bursts come after a rest (``streams.align.holds``).
+    With ``forget``, a node quiet for the idle bound between bursts is forgotten (``streams.align.forget``:
+    in about half the examples) and comes back as a new node: the frames are the same."""
     rng = random.Random(seed)
     seconds = rng.randint(bursts, 12 * bursts)
     samples = make_samples(rng, nodes=2, gpus=rng.randint(1, 2), seconds=seconds)
@@ -110,7 +114,8 @@ def test_bursts_in_any_topic_order_poll_cut_and_caught_up_state_give_the_oracle_
     per_burst: dict[int, list[tuple[int, list[tuple[Series, list[tuple[int, float]]]]]]] = {}
     for i, item in enumerate(burst_schedule(rng, samples, cuts, chunk)):
         per_burst.setdefault(i // len(used), []).append(item)
-    aligner = GridAligner(AlignParams(allowed_lateness_ns=LATENESS, idle_ns=IDLE, step_idle_ns=STEP_IDLE))
+    aligner = GridAligner(AlignParams(allowed_lateness_ns=LATENESS, idle_ns=IDLE, step_idle_ns=STEP_IDLE,
+                                      forget_ns=IDLE if forget else 3600 * GRID))
     aligner.expect([*used, 99])  # 99: a topic of the assignment that never delivers
     quiet = {s: 0 for s in [*used, 99]}
     frames: list[Frame] = []

@@ -43,6 +43,13 @@ def test_defaults_without_env_or_file() -> None:
     assert s.align_params() == AlignParams(grid_ns=10**9, allowed_lateness_ns=2 * 10**9, idle_ns=15 * 10**9)
 
 
+def test_the_node_forget_bound_reaches_the_aligner_and_cannot_undercut_the_idle_bound() -> None:
+    s = load_settings({"FLOPWATCH_NODE_FORGET_S": "600", "FLOPWATCH_MAX_AGE_S": "86400"})
+    assert s.align_params().forget_ns == 600 * 10**9 and s.align_params().remember_ns == 86_400 * 10**9
+    with pytest.raises(SettingsError, match=r"FLOPWATCH_NODE_FORGET_S \(5\) must be at least FLOPWATCH_SOURCE_IDLE_S"):
+        load_settings({"FLOPWATCH_NODE_FORGET_S": "5"})
+
+
 @pytest.mark.parametrize("old", ["FLOPWATCH_IDLE_SERIES_S", "FLOPWATCH_IDLE_FLUSH_S"])
 def test_a_retired_setting_is_an_error_that_names_its_replacement(old: str) -> None:
     with pytest.raises(SettingsError, match=f"{old} is gone.*FLOPWATCH_SOURCE_IDLE_S"):
