@@ -109,7 +109,8 @@ class IngestCore:
         # Records handed to an aligner since its last advance, by (partition, topic index, offset):
         # a late verdict comes back from advance() and needs the original bytes.
         self._waiting: dict[int, dict[tuple[int, int], Record]] = {}
-        self._clocks = ClockDomains(ClockParams(), settings.clock_wait_s, clock.mono_ns)
+        self._clocks = ClockDomains(ClockParams(), settings.clock_wait_s, clock.mono_ns,
+                                    settings.align_params().forget_ns)
         self._progress = Progress(Recovered())
         self._errors_logged: set[str] = set()
         self.dirty = False  # records handled since the last commit point was taken

@@ -11,6 +11,13 @@ Replays must rebuild the same fits, so the ``clock.sync`` offset a partition com
 is held back to the oldest beacon still needed: by samples sitting in open cells, and
 by the newest fit of every kept epoch (for the samples still to come).
 
+A domain that has been silent for ``forget_ns`` while the partition's other domains went on,
+with nothing waiting for it, is dropped: a node that went away would otherwise keep its track
+and, with its pin, hold the partition's ``clock.sync`` commit where its last beacon was. The
+partition's beacon time counts in steps of at most ``STEP_CAP_NS``, so an outage after which
+every domain speaks again (collectors send what they buffered) drops nothing; a domain that
+speaks after it was dropped starts afresh.
+
 The messages are the consumer's records, of any type with an ``offset``; the caller gets them
 back (in ``waiting`` and ``expired``) to dead-letter or to answer a late verdict with.
 Monotonic time (``mono_ns``) is an argument, so tests drive the wait with a fake clock.
@@ -45,6 +52,7 @@ from streams.align.clock import ClockFit, ClockParams, DomainTrack
 # ``offset`` is read here.
 Record = Any
 MAX_HELD = 100_000  # clock-domain messages waiting for a beacon, per domain
+STEP_CAP_NS = 60_000_000_000  # the most one beacon moves a partition's beacon time on (see the docstring)
 Domain = tuple[str, str]  # (node, clock)
 Waiting = dict[tuple[int, int], Record]  # (topic index, offset) -> record
 
@@ -78,6 +86,35 @@ class _Partition:
     tracks: dict[Domain, DomainTrack] = field(default_factory=dict)
     held: dict[Domain, _DomainWait] = field(default_factory=dict)
     placed: list[tuple[int, int, int]] = field(default_factory=list)
+    # The partition's beacon time: its newest beacon's UTC, and how far the beacons have gone on, counting
+    # each step forward up to STEP_CAP_NS (a jump is an outage, not time in which a domain stayed silent).
+    newest_utc: int | None = None
+    went_on: int = 0
+    last_heard: dict[Domain, int] = field(default_factory=dict)  # went_on at each domain's last beacon
+    swept: int = 0  # went_on at the last sweep
+
+    def heard(self, key: Domain, utc_ns: int) -> None:
+        if self.newest_utc is None:
+            self.newest_utc = utc_ns
+        elif utc_ns > self.newest_utc:
+            self.went_on += min(utc_ns - self.newest_utc, STEP_CAP_NS)
+            self.newest_utc = utc_ns
+        self.last_heard[key] = self.went_on
+
+    def sweep(self, forget_ns: int) -> int:
+        """Drop the domains silent for ``forget_ns`` of the partition's beacon time with nothing waiting; how
+        many went."""
+        self.swept = self.went_on
+        gone = [k for k, t in self.last_heard.items() if self.went_on - t > forget_ns and not self._waits(k)]
+        for key in gone:
+            del self.last_heard[key]
+            self.tracks.pop(key, None)
+            self.held.pop(key, None)
+        return len(gone)
+
+    def _waits(self, key: Domain) -> bool:
+        wait = self.held.get(key)
+        return wait is not None and bool(wait.items)
 
     def place(self, aligner: GridAligner, waiting: Waiting, rec: Record, batch: SampleBatch,
               sensor: int, fit: ClockFit, pin: int) -> None:
@@ -89,10 +126,13 @@ class _Partition:
 class ClockDomains:
     """The worker's clock domains, per partition number. ``expired`` collects what to dead-letter."""
 
-    def __init__(self, params: ClockParams, wait_s: float, mono_ns: Callable[[], int]) -> None:
+    def __init__(self, params: ClockParams, wait_s: float, mono_ns: Callable[[], int],
+                 forget_ns: int = 3_600_000_000_000) -> None:
         self._params = params
         self._mono_ns = mono_ns
         self._wait_s = wait_s
+        self._forget_ns = forget_ns
+        self.forgotten = 0  # domains dropped so far
         self._parts: dict[int, _Partition] = {}
         self.expired: list[tuple[int, Held, str]] = []  # (partition, message, why) for no_clock
 
@@ -103,11 +143,19 @@ class ClockDomains:
         return part
 
     def beacon(self, partition: int, b: ClockBeacon, offset: int) -> None:
-        tracks = self._part(partition).tracks
-        track = tracks.get((b.node, b.clock))
+        part = self._part(partition)
+        key = (b.node, b.clock)
+        track = part.tracks.get(key)
         if track is None:
-            track = tracks[(b.node, b.clock)] = DomainTrack(self._params)
+            track = part.tracks[key] = DomainTrack(self._params)
         track.add(b, offset)
+        part.heard(key, b.utc_after_ns)
+        if part.went_on - part.swept >= self._forget_ns // 8:  # a pass over the domains now and then
+            self.forgotten += part.sweep(self._forget_ns)
+
+    @property
+    def domains(self) -> int:
+        return sum(len(part.tracks) for part in self._parts.values())
 
     def offer(self, partition: int, aligner: GridAligner, waiting: Waiting, rec: Record,
               batch: SampleBatch, sensor: int) -> None:

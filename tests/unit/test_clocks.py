@@ -84,3 +84,35 @@ def test_waiting_too_long_or_in_a_full_list_ends_in_expired(monkeypatch: pytest.
     assert [h.rec.offset for _, h, _ in doms.expired] == [0] and doms.held == 2  # the oldest gave way
     doms.drop(0)
     assert doms.held == 0 and doms.pins({}) == {}
+
+
+def sync(node: str, domain_ns: int) -> ClockBeacon:
+    return ClockBeacon(node, f"nvml:{node}", domain_ns, T0 + domain_ns, T0 + domain_ns + 20)
+
+
+def test_a_domain_silent_while_the_others_go_on_is_dropped_once_nothing_waits_and_stops_pinning_the_commit() -> None:
+    doms = ClockDomains(ClockParams(), wait_s=60.0, mono_ns=time.monotonic_ns, forget_ns=3600 * S)
+    aligner = GridAligner(AlignParams(allowed_lateness_ns=0))
+    doms.beacon(0, sync("n", 100 * S), offset=1)  # node n, then it goes away
+    waiting: clocks.Waiting = {}
+    held = SampleBatch("power", "n", "0", [200 * S], [300.0], "nvml:n", None, 200 * S, 200 * S)
+    doms.offer(0, aligner, waiting, record(2), held, POWER)  # its last sample waits for a beacon
+    for i in range(1, 300):  # node m's domain goes on, a beacon every 30 s for 2.5 h
+        doms.beacon(0, sync("m", 100 * S + i * 30 * S), offset=10 + i)
+    assert doms.domains == 2 and doms.forgotten == 0  # silent for 2.5 h, but a message waits for it
+    doms._parts[0].held[("n", "nvml:n")].items.clear()  # it expired (the ingest dead-letters it)
+    for i in range(300, 300 + 16):
+        doms.beacon(0, sync("m", 100 * S + i * 30 * S), offset=10 + i)
+    assert doms.domains == 1 and doms.forgotten == 1
+    m_pin = doms._parts[0].tracks[("m", "nvml:m")].pin()
+    assert m_pin is not None and m_pin > 10 and doms.pins({0: {}}) == {0: m_pin}  # n's offset 1 pins no more
+
+
+def test_an_outage_drops_no_domain() -> None:
+    doms = ClockDomains(ClockParams(), wait_s=60.0, mono_ns=time.monotonic_ns, forget_ns=3600 * S)
+    doms.beacon(0, sync("n", 100 * S), offset=1)
+    doms.beacon(0, sync("m", 100 * S), offset=2)
+    # Four hours without a beacon (the broker was down), then m speaks first: n is not gone for that.
+    for i in range(20):
+        doms.beacon(0, sync("m", 4 * 3600 * S + i * 30 * S), offset=3 + i)
+    assert doms.domains == 2 and doms.forgotten == 0
