@@ -14,9 +14,48 @@ the price book) out of every later collection.
 from __future__ import annotations
 
 import gc
-from typing import Final
+import logging
+import time
+from typing import Any, Final
+
+log = logging.getLogger(__name__)
 
 WORKER_THRESHOLDS: Final = (50_000, 20, 100)
+SLOW_PAUSE_S: Final = 0.2  # a collection this long stalls every consumer, heartbeat and alert of the process
+
+
+class PauseWatch:
+    """Times every collection (``gc.callbacks``) and says when one stopped the process for long.
+
+    >>> w = PauseWatch(slow_s=0.0)
+    >>> w("start", {"generation": 2}); w("stop", {"generation": 2, "collected": 0})
+    >>> w.collections, w.slow, w.longest_s >= 0.0
+    (1, 1, True)
+    """
+
+    def __init__(self, slow_s: float = SLOW_PAUSE_S) -> None:
+        self.slow_s = slow_s
+        self.collections = 0
+        self.slow = 0
+        self.longest_s = 0.0
+        self.total_s = 0.0
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+            return
+        took = time.perf_counter() - self._t0
+        self.collections += 1
+        self.total_s += took
+        self.longest_s = max(self.longest_s, took)
+        if took >= self.slow_s:
+            self.slow += 1
+            log.warning("garbage collection (generation %d) stopped the process for %.3f s (%d objects freed)",
+                        info["generation"], took, info["collected"])
+
+
+PAUSES = PauseWatch()
 
 
 def tune_for_throughput() -> None:
@@ -24,3 +63,5 @@ def tune_for_throughput() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*WORKER_THRESHOLDS)
+    if PAUSES not in gc.callbacks:
+        gc.callbacks.append(PAUSES)
