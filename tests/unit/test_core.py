@@ -118,6 +118,26 @@ def test_a_sample_behind_a_written_cell_is_late_and_named() -> None:
     assert letters.sent == [("late", POWER, 5)] and core.stats.late == {"n0/power": 1}
 
 
+def test_a_node_that_went_away_is_forgotten_and_on_its_return_its_written_cells_stay_written() -> None:
+    store = FrameStore(cast(Backend, None))
+    letters, clock = Letters(), ManualClock(wall_ns=T0 + 2 * S, mono_ns=0)
+    core = IngestCore(SETTINGS.replace(node_forget_s=3.0), store, letters, clock)
+    core.assign([TopicPartition(t, 0) for t in TOPICS.inputs], Progress(Recovered()))
+    core.handle({TopicPartition(POWER, 0): [rec(POWER, i, i, 300.0, node=f"n{i % 2}") for i in range(4)]})
+    core.advance(quiet_all(0))
+    assert core.nodes_held() == 2
+    clock.advance(2 * S)
+    core.advance(quiet_all(2 * S))  # both quiet past the idle bound (1 s): their cells are written
+    assert store.pending_rows == 4 and core.nodes_held() == 2
+    clock.advance(3 * S)
+    core.advance(quiet_all(5 * S))  # and past node_forget_s (3 s): forgotten
+    assert core.nodes_held() == 0
+    # n0 comes back: a sample for a cell it had written is late, as if it had never gone; a new one is placed.
+    core.handle({TopicPartition(POWER, 0): [rec(POWER, 4, 0.5, 310.0), rec(POWER, 5, 7.0, 320.0)]})
+    core.advance(quiet_all(5 * S))
+    assert letters.sent == [("late", POWER, 4)] and core.nodes_held() == 1
+
+
 def test_revoked_partitions_are_ignored_until_assigned_again() -> None:
     core = make()[0]
     core.revoke([0])
