@@ -123,6 +123,10 @@ class FrameStore:
                 "written_at": [now_ms] * len(nodes)})
         self._consumed.update(consumed)
         self._closed_written.update(moved)
+        if closed is not None and len(self._closed_written) > len(closed):
+            # Nodes the aligners forgot (or whose partitions went): bounded by the nodes present. One that comes
+            # back has its closed tick recorded again, which is harmless (readers take the max).
+            self._closed_written = {n: t for n, t in self._closed_written.items() if n in closed}
         self.frames_written += n_frames
         self.events_written += n_events
         written = n_frames + n_events
