@@ -38,7 +38,6 @@ class PauseWatch:
         self.collections = 0
         self.slow = 0
         self.longest_s = 0.0
-        self.total_s = 0.0
         self._t0 = 0.0
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
@@ -47,7 +46,6 @@ class PauseWatch:
             return
         took = time.perf_counter() - self._t0
         self.collections += 1
-        self.total_s += took
         self.longest_s = max(self.longest_s, took)
         if took >= self.slow_s:
             self.slow += 1

@@ -51,7 +51,7 @@ def run(params: AlignParams, nodes: int, live: int, stay_s: int, gpus: int) -> d
         frames += len(adv.frames)
     frames += len(a.flush_all().frames)
     return {"advance_ms": round(timed / (seconds - t_tail) * 1000, 3), "nodes_held": a.nodes_held(),
-            "series_held": len(a._reg.s_node), "frames": frames}
+            "series_held": a.series_held(), "frames": frames}
 
 
 def main() -> None:

@@ -38,6 +38,7 @@ from streams.align.aggregate import F64, I64, Frame, FrameBatch, aggregate
 from streams.align.correction import Correction, to_utc
 from streams.align.forget import Gone, GoneNodes, forgettable, worth_it
 from streams.align.grid import Advance, AlignParams, LateSamples, Recovered
+from streams.align.holds import kept
 from streams.align.open_samples import OpenSamples, Rows
 from streams.align.registry import StreamRegistry
 from streams.align.watermark import NO_TS, BoolArr, Fronts, cap_open, close_before
@@ -258,6 +259,8 @@ class GridAligner:
 
     def _forget(self, least_quiet: I64) -> None:
         """Forget the nodes that went away, when enough of them did (``streams.align.forget``)."""
+        if not (least_quiet >= self.params.forget_ns).any():
+            return  # every advance asks: answer the usual case without a pass over the open samples
         reg, fronts = self._reg, self._fronts
         gone = forgettable(least_quiet, self._open.newest_ticks(len(least_quiet), NO_TS), NO_TS,
                            self.params.forget_ns)
@@ -276,7 +279,7 @@ class GridAligner:
         fronts.keep_series(renum.series_kept)
         self._open.renumber(renum.sid_map, renum.node_map)
         if self._held is not None:
-            self._held = self._held[0][renum.series_kept[: len(self._held[0])]], self._held[1]
+            self._held = kept(self._held[0], renum.series_kept), self._held[1]
         self.forgotten += int(gone.sum())
         self._gone.prune(int(fronts.src_newest.max(initial=NO_TS)), self.params.remember_ns)
 
@@ -341,6 +344,9 @@ class GridAligner:
 
     def nodes_held(self) -> int:
         return len(self._reg.node_names)
+
+    def series_held(self) -> int:
+        return len(self._reg.s_node)
 
     def open_samples(self) -> int:
         return len(self._open)

@@ -52,13 +52,24 @@ The same clock decides the tail: a node whose series have all been quiet for
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 I64 = npt.NDArray[np.int64]
+T = TypeVar("T", bound=np.generic)
 UNSET: Final = -(2**62)  # no reading yet: a stream not evaluated since it appeared, or not behind
+
+
+def kept(a: npt.NDArray[T], keep: npt.NDArray[np.bool_]) -> npt.NDArray[T]:
+    """The entries of a per-stream array marked in ``keep`` (by stream id); the array may be shorter than
+    ``keep``, since it grows lazily.
+
+    >>> kept(np.array([5, 6]), np.array([False, True, True])).tolist()
+    [6]
+    """
+    return a[keep[: len(a)]]
 
 
 class QuietStreams:
@@ -126,9 +137,9 @@ class QuietStreams:
         """How long each stream has been quiet (since its last delivery), on its source's clock."""
         return np.where(self.last == UNSET, 0, quiet_now - self.last)
 
-    def keep(self, kept: npt.NDArray[np.bool_]) -> None:
-        """Keep only the streams marked in ``kept`` (by stream id), renumbered in order."""
-        self.last, self.behind = self.last[kept[: len(self.last)]], self.behind[kept[: len(self.behind)]]
+    def keep(self, keep: npt.NDArray[np.bool_]) -> None:
+        """Keep only the streams marked in ``keep`` (by stream id), renumbered in order."""
+        self.last, self.behind = kept(self.last, keep), kept(self.behind, keep)
 
     def state(self) -> tuple[I64, I64]:
         return self.last.copy(), self.behind.copy()

@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from streams.align.grid import AlignParams
-from streams.align.holds import I64, UNSET, QuietStreams
+from streams.align.holds import I64, UNSET, QuietStreams, kept
 
 BoolArr = npt.NDArray[np.bool_]
 
@@ -48,8 +48,8 @@ class Resumes:
         if n > len(self.seen):
             self.seen = np.concatenate((self.seen, np.full(n - len(self.seen), UNSET, np.int64)))
 
-    def keep(self, kept: npt.NDArray[np.bool_]) -> None:
-        self.seen = self.seen[kept[: len(self.seen)]]
+    def keep(self, keep: npt.NDArray[np.bool_]) -> None:
+        self.seen = kept(self.seen, keep)
 
     def update(self, group_delivered: npt.NDArray[np.bool_], quiet_now: I64, gap_ns: int) -> npt.NDArray[np.bool_]:
         """Which streams' groups resume now (``group_delivered`` and ``quiet_now`` by stream)."""
@@ -108,12 +108,11 @@ class StepRule:
         return (np.where(fast, params.step_idle_ns, params.idle_ns).astype(np.int64),
                 np.where(fast, 0, params.allowed_lateness_ns).astype(np.int64))
 
-    def keep(self, kept: BoolArr) -> None:
-        """Keep only the streams marked in ``kept`` (by stream id), renumbered in order."""
-        self.resumes.keep(kept)
-        self.anchor, self.burst = self.anchor[kept[: len(self.anchor)]], self.burst[kept[: len(self.burst)]]
-        self._last_peer = self._last_peer[kept[: len(self._last_peer)]]
-        self._before = self._before[kept[: len(self._before)]]
+    def keep(self, keep: BoolArr) -> None:
+        """Keep only the streams marked in ``keep`` (by stream id), renumbered in order."""
+        self.resumes.keep(keep)
+        self.anchor, self.burst = kept(self.anchor, keep), kept(self.burst, keep)
+        self._last_peer, self._before = kept(self._last_peer, keep), kept(self._before, keep)
 
     def note(self, quiet: QuietStreams, peer_newest: I64) -> None:
         """After ``quiet.holding``: streams whose timer started (or restarted) now take the peers' newest from

@@ -37,7 +37,7 @@ import numpy.typing as npt
 from schemas.catalog import CATALOG
 from streams.align.aggregate import I64
 from streams.align.grid import AlignParams
-from streams.align.holds import QuietStreams
+from streams.align.holds import QuietStreams, kept
 from streams.align.registry import StreamRegistry
 from streams.align.steps import StepRule
 
@@ -76,14 +76,14 @@ class Fronts:
             grown[: len(self.series_max)] = self.series_max
             self.series_max = grown
 
-    def keep_series(self, kept: BoolArr) -> None:
-        """Keep only the series marked in ``kept`` (by series id), renumbered in order; between advances (nothing
+    def keep_series(self, keep: BoolArr) -> None:
+        """Keep only the series marked in ``keep`` (by series id), renumbered in order; between advances (nothing
         touched since the last ``holding``)."""
         if self.touched_sid:
             raise RuntimeError("series delivered since the last holding(): renumber after an advance")
-        self.series_max = self.series_max[kept[: len(self.series_max)]]
-        self.series_quiet.keep(kept)
-        self.series_steps.keep(kept)
+        self.series_max = kept(self.series_max, keep)
+        self.series_quiet.keep(keep)
+        self.series_steps.keep(keep)
 
     def received(self, msg_sids: I64, msg_srcs: I64, lens: I64, ts: I64) -> None:
         """Messages arrived (one entry each; ``ts`` all their samples, message after message)."""
