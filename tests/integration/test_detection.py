@@ -95,6 +95,33 @@ def read_partitions(settings: Settings, topic: str, idle_s: float = 3.0) -> list
     return out
 
 
+def read_to_end(settings: Settings, topics: list[str], timeout_s: float = 60.0) -> dict[str, list[bytes]]:
+    """Every message on ``topics`` (read_committed) up to each partition's end as it was when called, with one
+    consumer: for a run whose producers have stopped, where waiting for quiet per topic would cost seconds each."""
+    c = Consumer(confluent_config(settings) | {"group.id": f"read-{time.time_ns()}", "auto.offset.reset": "earliest",
+                                               "enable.auto.commit": False, "isolation.level": "read_committed"})
+    ends: dict[tuple[str, int], int] = {}
+    for topic in topics:
+        for p in c.list_topics(topic, timeout=10).topics[topic].partitions:
+            low, high = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            if high > low:
+                ends[(topic, p)] = high
+    c.assign([TopicPartition(t, p, 0) for t, p in ends])
+    out: dict[str, list[bytes]] = {t: [] for t in topics}
+    deadline = time.monotonic() + timeout_s
+    while ends:
+        assert time.monotonic() < deadline, f"partitions not read to their end in {timeout_s:.0f} s: {sorted(ends)}"
+        m = c.poll(0.2)
+        if m is not None and not m.error():
+            out[m.topic() or ""].append(m.value() or b"")
+        # Transaction markers take offsets without being delivered: the position, not the last message, says done.
+        for tp in c.position([TopicPartition(t, p) for t, p in ends]):
+            if tp.offset >= ends[(tp.topic, tp.partition)]:
+                del ends[(tp.topic, tp.partition)]
+    c.close()
+    return out
+
+
 def test_frames_topic_carries_every_stored_frame_with_derived_columns(base_settings: Settings) -> None:
     duration = 15.0
     params = SimParams(nodes=2, gpus=2, seed=5, start_ns=time.time_ns() - int(duration * S), steady=True)

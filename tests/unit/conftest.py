@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -14,12 +15,32 @@ from schemas.alerts import make_alert
 from tests.unit.sim_db import A100, DB, H200, HOUR, S
 
 
-# Per module, closed after it: chDB serves one data path per process, and other modules open their own.
-@pytest.fixture(scope="module")
-def db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChdbBackend]:
+@pytest.fixture(scope="session")
+def sim_db_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two simulated clusters (H200 in us-east, A100 in eu-west) through the ingest core into chDB, a drift
-    episode, a leak and two scale decisions: what the SQL views, the cookbook and the dashboards are checked on."""
-    b = ChdbBackend(tmp_path_factory.mktemp("views") / "db", DB)
+    episode, a leak and two scale decisions: what the SQL views, the cookbook and the dashboards are checked on.
+    Built once per session (it takes ~30 s) and closed at once: chDB serves one data path per process."""
+    path = tmp_path_factory.mktemp("views") / "db"
+    b = ChdbBackend(path, DB)
+    try:
+        _fill(b)
+    finally:
+        b.close()
+    return path
+
+
+# Per module, closed after it: other modules open their own data paths in between. The modules that use it
+# only read it.
+@pytest.fixture(scope="module")
+def db(sim_db_path: Path) -> Iterator[ChdbBackend]:
+    """The simulated clusters' database (``sim_db_path``), its database the default one."""
+    b = ChdbBackend(sim_db_path, DB)
+    b.use_database()  # the cookbook's names are unqualified, as under `flopwatch sql`
+    yield b
+    b.close()
+
+
+def _fill(b: ChdbBackend) -> None:
     ensure_schema(b)
     ingest_simulation(b, H200, seconds=2_400)
     ingest_simulation(b, A100, seconds=1_200)
@@ -39,6 +60,3 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChdbBackend]:
               f"reasons) VALUES ({ms / 1000}, 'd1', 'taken', 'scale_up', 'serving', 'chat', 2, 3, ['load']), "
               f"({ms / 1000 + 60}, 'd2', 'withheld', 'scale_down', 'serving', 'chat', 3, 2, ['idle']), "
               f"({ms / 1000}, 'd1', 'taken', 'scale_up', 'serving', 'chat', 2, 3, ['load'])")
-    b.use_database()  # the cookbook's names are unqualified, as under `flopwatch sql`
-    yield b
-    b.close()
