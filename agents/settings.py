@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 import typing
 from collections.abc import Callable, Mapping
@@ -307,13 +308,10 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path 
         raise SettingsError(f"unknown setting(s): {', '.join(sorted(unknown))}")
     converted = {k: convert(k, hints[k], v) for k, v in values.items()}
     settings = Settings(**converted)
-    if settings.node_forget_s < settings.source_idle_s:
-        raise SettingsError(f"{ENV_PREFIX}NODE_FORGET_S ({settings.node_forget_s:g}) must be at least "
-                            f"{ENV_PREFIX}SOURCE_IDLE_S ({settings.source_idle_s:g})")
     try:
-        settings.align_params()  # validates the grid and lateness now, not at first use
+        settings.align_params()  # validates the grid, lateness and idle bounds now, not at first use
     except (ValueError, OverflowError) as exc:
-        raise SettingsError(f"grid/lateness settings: {exc}") from None
+        raise SettingsError(_in_settings_terms(str(exc), settings)) from None
     try:
         settings.detect_params()  # drift and spike settings, checked as a whole
     except (ValueError, OverflowError) as exc:
@@ -329,6 +327,30 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | Path 
                             f"replication ({settings.replication}), or 0 for the default")
     _check_storage(settings)
     return settings
+
+
+# AlignParams' fields and the settings that set them: its errors are told in the names a user wrote.
+_ALIGN_SETTINGS: Final = {"grid_ns": "grid_ms", "allowed_lateness_ns": "lateness_ms", "idle_ns": "source_idle_s",
+                          "step_idle_ns": "step_idle_s", "forget_ns": "node_forget_s", "remember_ns": "max_age_s"}
+_ALIGN_FIELD = re.compile(r"\b(" + "|".join(_ALIGN_SETTINGS) + r")\b")
+
+
+def _in_settings_terms(message: str, settings: Settings) -> str:
+    """An ``AlignParams`` error with its fields named as settings, and their values.
+
+    >>> print(_in_settings_terms("grid_ns must be between 100 ms and 60 s", Settings(grid_ms=50)))
+    FLOPWATCH_GRID_MS must be between 100 ms and 60 s (FLOPWATCH_GRID_MS=50)
+    """
+    named: dict[str, None] = {}
+
+    def env_name(m: re.Match[str]) -> str:
+        key = _ALIGN_SETTINGS[m.group(1)]
+        named[key] = None
+        return ENV_PREFIX + key.upper()
+
+    text = _ALIGN_FIELD.sub(env_name, message)
+    values = ", ".join(f"{ENV_PREFIX}{k.upper()}={getattr(settings, k):g}" for k in named)
+    return f"{text} ({values})" if values else f"aligner settings: {text}"
 
 
 def _check_storage(s: Settings) -> None:

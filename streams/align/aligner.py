@@ -348,6 +348,10 @@ class GridAligner:
     def series_held(self) -> int:
         return len(self._reg.s_node)
 
+    def nodes_remembered(self) -> int:
+        """Forgotten nodes whose last closed tick and counters are still kept (for ``remember_ns``)."""
+        return len(self._gone)
+
     def open_samples(self) -> int:
         return len(self._open)
 

@@ -28,12 +28,16 @@ class AlignParams:
     def __post_init__(self) -> None:
         if not 100_000_000 <= self.grid_ns <= 60_000_000_000:
             raise ValueError("grid_ns must be between 100 ms and 60 s")
-        if self.allowed_lateness_ns < 0 or self.idle_ns <= 0 or self.step_idle_ns <= 0:
-            raise ValueError("lateness must be >= 0 and the idle bounds > 0")
+        if self.allowed_lateness_ns < 0:
+            raise ValueError("allowed_lateness_ns must be >= 0")
+        if self.idle_ns <= 0 or self.step_idle_ns <= 0:
+            raise ValueError("idle_ns and step_idle_ns must be > 0")
         if self.max_open_ticks < 1 or self.max_open_samples < 1:
             raise ValueError("max_open_ticks and max_open_samples must be >= 1")
-        if self.forget_ns < self.idle_ns or self.remember_ns < self.forget_ns:
-            raise ValueError("forget_ns must be at least idle_ns, and remember_ns at least forget_ns")
+        if self.forget_ns < self.idle_ns:
+            raise ValueError("forget_ns must be at least idle_ns")
+        if self.remember_ns < self.forget_ns:
+            raise ValueError("remember_ns must be at least forget_ns")
 
 
 @dataclass(frozen=True, slots=True)

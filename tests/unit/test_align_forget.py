@@ -114,7 +114,7 @@ def test_forgotten_nodes_are_remembered_for_remember_ns_of_event_time_only() -> 
     run(aligner, schedule[: len(schedule) // 2], tail_s=0)
     run(aligner, schedule[len(schedule) // 2:])
     assert aligner.forgotten >= 15
-    assert len(aligner._gone) <= 10  # the rest were dropped 20 s of event time after they went quiet
+    assert aligner.nodes_remembered() <= 10  # the rest were dropped 20 s of event time after they went quiet
 
 
 @pytest.mark.parametrize(("forget_s", "remember_s"), [(1, 10), (30, 10)])

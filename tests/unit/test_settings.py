@@ -46,8 +46,17 @@ def test_defaults_without_env_or_file() -> None:
 def test_the_node_forget_bound_reaches_the_aligner_and_cannot_undercut_the_idle_bound() -> None:
     s = load_settings({"FLOPWATCH_NODE_FORGET_S": "600", "FLOPWATCH_MAX_AGE_S": "86400"})
     assert s.align_params().forget_ns == 600 * 10**9 and s.align_params().remember_ns == 86_400 * 10**9
-    with pytest.raises(SettingsError, match=r"FLOPWATCH_NODE_FORGET_S \(5\) must be at least FLOPWATCH_SOURCE_IDLE_S"):
+    with pytest.raises(SettingsError, match=r"^FLOPWATCH_NODE_FORGET_S must be at least FLOPWATCH_SOURCE_IDLE_S "
+                                            r"\(FLOPWATCH_NODE_FORGET_S=5, FLOPWATCH_SOURCE_IDLE_S=15\)$"):
         load_settings({"FLOPWATCH_NODE_FORGET_S": "5"})
+
+
+def test_an_align_error_names_the_settings_not_the_aligner_fields() -> None:
+    with pytest.raises(SettingsError, match=r"^FLOPWATCH_GRID_MS must be between 100 ms and 60 s "
+                                            r"\(FLOPWATCH_GRID_MS=50\)$"):
+        load_settings({"FLOPWATCH_GRID_MS": "50"})
+    with pytest.raises(SettingsError, match=r"^FLOPWATCH_LATENESS_MS must be >= 0 \(FLOPWATCH_LATENESS_MS=-1\)$"):
+        load_settings({}, lateness_ms=-1)
 
 
 @pytest.mark.parametrize("old", ["FLOPWATCH_IDLE_SERIES_S", "FLOPWATCH_IDLE_FLUSH_S"])
@@ -196,13 +205,13 @@ def test_bad_literal_in_file_is_rejected(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("grid_ms", ["50", "99", "60001"])
 def test_invalid_grid_fails_at_load_time(grid_ms: str) -> None:
-    with pytest.raises(ValueError, match="grid"):
+    with pytest.raises(ValueError, match="FLOPWATCH_GRID_MS must be between"):
         load_settings({"FLOPWATCH_GRID_MS": grid_ms})
 
 
 def test_invalid_grid_is_reported_as_a_settings_error() -> None:
     # The CLI turns SettingsError (only) into a usage error; any other exception is a traceback.
-    with pytest.raises(SettingsError, match="grid"):
+    with pytest.raises(SettingsError, match="FLOPWATCH_GRID_MS must be between"):
         load_settings({"FLOPWATCH_GRID_MS": "50"})
 
 
