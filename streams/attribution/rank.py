@@ -52,7 +52,6 @@ from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
-from scipy.special import stdtr
 
 from schemas.alerts import Cause, EvidenceValue
 from streams.attribution.context import Happening
@@ -245,6 +244,8 @@ def _change(times: np.ndarray, x: np.ndarray, params: AttributionParams,
         return (int(t[j + 1]), 0.0, 10.0) if a.mean() != b.mean() else None
     df = (va + vb) ** 2 / ((va * va / (a.size - 1) if a.size > 1 else 0.0) + (vb * vb / (b.size - 1) if b.size > 1
                                                                                 else 0.0) or 1e-300)
+    from scipy.special import stdtr  # here: scipy.special costs ~0.25 s to import, and a CLI never needs it
+
     p = float(2.0 * stdtr(df, -abs(float(a.mean()) - float(b.mean())) / se))
     if not math.isfinite(p) or p >= params.max_p:
         return None
@@ -256,6 +257,8 @@ def _lagged_correlations(block: np.ndarray, y: np.ndarray, max_lag: int,
     """Per series, the Pearson correlation with ``y`` at the lag (0..``max_lag`` ticks, the series leading) where it
     is strongest among those significant at ``max_p`` (NaN where none is), and that lag. All series at once; the
     p-values from the t distribution (``scipy.special.stdtr``), as ``scipy.stats.pearsonr`` gives them."""
+    from scipy.special import stdtr  # here, as in _change
+
     k, n = block.shape
     best_r = np.full(k, np.nan)
     best_lag = np.zeros(k, dtype=np.int64)

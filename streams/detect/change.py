@@ -19,12 +19,16 @@ import base64
 import math
 from typing import Any, Literal, Protocol
 
-from river import drift
 
-# Held as Any: River 0.26 annotates some of these signatures and not others, and strict
-# mypy would reject each call; the tests pin the behaviour instead.
-_RIVER_PH: Any = drift.PageHinkley
-_RIVER_ADWIN: Any = drift.ADWIN
+def _river_drift() -> Any:
+    """River's drift module, imported at the first detector: it loads all of scipy.stats (~0.7 s), which
+    every CLI command and an ingest-only worker would otherwise pay at start.
+
+    Any: River 0.26 annotates some of these signatures and not others, and strict mypy would reject
+    each call; the tests pin the behaviour instead."""
+    from river import drift
+
+    return drift
 
 
 class ChangeDetector(Protocol):
@@ -63,13 +67,18 @@ class PageHinkleyDown:
     """
 
     def __init__(self, delta: float = 0.01, threshold: float = 0.3, min_instances: int = 10) -> None:
-        if delta < 0 or threshold <= 0 or min_instances < 1:
-            raise ValueError("PageHinkleyDown needs delta >= 0, threshold > 0, min_instances >= 1")
+        self.check(delta, threshold, min_instances)
         self.delta, self.threshold, self.min_instances = delta, threshold, min_instances
         self._ph = self._new()
 
+    @staticmethod
+    def check(delta: float = 0.01, threshold: float = 0.3, min_instances: int = 10) -> None:
+        """Raise what the constructor would for these parameters, without importing River."""
+        if delta < 0 or threshold <= 0 or min_instances < 1:
+            raise ValueError("PageHinkleyDown needs delta >= 0, threshold > 0, min_instances >= 1")
+
     def _new(self) -> Any:  # River 0.26's drift classes are only partly annotated
-        return _RIVER_PH(min_instances=self.min_instances, delta=self.delta, threshold=self.threshold,
+        return _river_drift().PageHinkley(min_instances=self.min_instances, delta=self.delta, threshold=self.threshold,
                                  alpha=1.0, mode="down")
 
     def update(self, x: float) -> bool:
@@ -113,13 +122,18 @@ class AdwinDetector:
     """
 
     def __init__(self, delta: float = 0.002) -> None:
-        if not 0 < delta < 1:
-            raise ValueError("AdwinDetector needs 0 < delta < 1")
+        self.check(delta)
         self.delta = delta
         self._ad = self._new()
 
+    @staticmethod
+    def check(delta: float = 0.002) -> None:
+        """Raise what the constructor would for this ``delta``, without importing River."""
+        if not 0 < delta < 1:
+            raise ValueError("AdwinDetector needs 0 < delta < 1")
+
     def _new(self) -> Any:
-        return _RIVER_ADWIN(delta=self.delta, clock=1)
+        return _river_drift().ADWIN(delta=self.delta, clock=1)
 
     def update(self, x: float) -> bool:
         self._ad.update(x)
@@ -142,14 +156,32 @@ class AdwinDetector:
         self._ad = ad
 
 
+_KINDS: dict[str, type[PageHinkleyDown] | type[AdwinDetector]] = {
+    "page_hinkley": PageHinkleyDown, "adwin": AdwinDetector}
+
+
 def make_detector(kind: Literal["page_hinkley", "adwin"], **params: Any) -> ChangeDetector:
     """A detector by name; ``params`` go to its constructor.
 
     >>> type(make_detector("adwin", delta=0.01)).__name__
     'AdwinDetector'
     """
-    if kind == "page_hinkley":
-        return PageHinkleyDown(**params)
-    if kind == "adwin":
-        return AdwinDetector(**params)
-    raise ValueError(f"unknown detector {kind!r}: expected 'page_hinkley' or 'adwin'")
+    return _kind(kind)(**params)
+
+
+def check_detector(kind: str, **params: Any) -> None:
+    """Raise the ``ValueError`` (or ``TypeError``) ``make_detector`` would, without building a detector: River,
+    imported at the first one, pulls in scipy.stats (~0.7 s), which validating settings should not cost.
+
+    >>> check_detector("adwin", delta=2.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: AdwinDetector needs 0 < delta < 1
+    """
+    _kind(kind).check(**params)
+
+
+def _kind(kind: str) -> type[PageHinkleyDown] | type[AdwinDetector]:
+    if kind not in _KINDS:
+        raise ValueError(f"unknown detector {kind!r}: expected 'page_hinkley' or 'adwin'")
+    return _KINDS[kind]

@@ -14,9 +14,9 @@ ValueError: floor must be in (0, drop=0.12), got 0.2
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from streams.detect.change import ChangeDetector, make_detector
+from streams.detect.change import ChangeDetector, check_detector, make_detector
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +76,9 @@ class DriftParams:
             raise ValueError("need 0 < load_band < 1, load_need_ns > 0 and load_cap >= 3")
         if not self.load_move > 0 or self.load_move_ns <= 0 or self.load_lag_ns <= 0:
             raise ValueError("need load_move > 0, load_move_ns > 0 and load_lag_ns > 0")
-        # The detectors validate their own parameters; build one now so a bad one fails here.
-        detector_for(self)
+        # The detectors validate their own parameters: a bad one fails here, not at the first frame.
+        kind, params = _detector_args(self)
+        check_detector(kind, **params)
 
     @property
     def run_limit_ns(self) -> int:
@@ -110,6 +111,11 @@ class DriftParams:
 
 def detector_for(p: DriftParams) -> ChangeDetector:
     """A fresh River change detector as the parameters say."""
+    kind, params = _detector_args(p)
+    return make_detector(kind, **params)
+
+
+def _detector_args(p: DriftParams) -> tuple[Literal["page_hinkley", "adwin"], dict[str, Any]]:
     if p.detector == "adwin":
-        return make_detector("adwin", delta=p.adwin_delta)
-    return make_detector("page_hinkley", delta=p.ph_delta, threshold=p.ph_threshold, min_instances=p.ph_min_instances)
+        return "adwin", {"delta": p.adwin_delta}
+    return "page_hinkley", {"delta": p.ph_delta, "threshold": p.ph_threshold, "min_instances": p.ph_min_instances}

@@ -24,7 +24,6 @@ A warm-up grows the memory, not the gap; a cache that is large but flat is not g
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import theilslopes
 
 from schemas.frame_messages import GpuFrame
 from streams.leaks.episode import Episode, LeakEvent, S, burn, value
@@ -86,6 +85,8 @@ class Fragmentation:
                 if gap_kind == "driver":
                     self._last = {"gap": gap_kind, "gap_mib": round(now, 1)}
                 continue  # not far above normal: no slope to fit (the common case, and the dear part)
+            from scipy.stats import theilslopes  # here: scipy.stats costs ~0.5 s to import, and most runs never fit
+
             slope, _, lo, _ = theilslopes(gap, minutes, alpha=0.95)
             # Growth, not a step: each half of the window grows too (a cache that jumped once is flat in both).
             half = len(gap) // 2

@@ -26,7 +26,6 @@ from collections import deque
 from statistics import fmean
 
 import numpy as np
-from scipy.stats import poisson
 
 from schemas.frame_messages import GpuFrame
 from streams.leaks.episode import Episode, LeakEvent, S, burn, rounded, util_drop, value
@@ -81,6 +80,8 @@ class RetransmitStorm:
         k = self._now.total()
         seconds = len(self._now) * grid_s
         if self._base.covered_ns >= p.learn_s * S and self._now.covered_ns >= p.window_s * S / 2:
+            from scipy.stats import poisson  # here: scipy.stats costs ~0.5 s to import, and a CLI never needs it
+
             mean, dispersion = self._base_stats()
             base_rate = max(mean / grid_s, p.min_base_per_s)
             expected = base_rate * seconds

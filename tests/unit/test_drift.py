@@ -271,6 +271,8 @@ def test_parameters_are_validated() -> None:
         DriftParams(detector="cusum")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="threshold"):
         DriftParams(ph_threshold=-1)
+    with pytest.raises(ValueError, match="AdwinDetector needs 0 < delta < 1"):
+        DriftParams(detector="adwin", adwin_delta=2.0)
     with pytest.raises(ValueError, match="grid"):
         EfficiencyDrift(DriftParams(), 0)
 

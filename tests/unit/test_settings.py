@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ssl
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -394,6 +396,16 @@ def test_detection_settings_reach_the_detectors_and_are_checked_at_load() -> Non
     assert p.spike_thresholds["gpu_util"] == 90.0
     with pytest.raises(SettingsError, match="drift/spike settings"):
         load_settings({"FLOPWATCH_DRIFT_DROP": "0.08"})  # below the never-alert floor
+
+
+def test_loading_the_settings_imports_neither_river_nor_scipy() -> None:
+    # Every CLI command loads them; River's drift module pulls in all of scipy.stats, ~0.8 s of a 1.4 s
+    # `flopwatch --help`. The detectors import it when the first one is built.
+    code = ("import sys; from agents.settings import load_settings; load_settings({}).detect_params(); "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'river', 'scipy'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
+                         cwd=Path(__file__).parents[2])
+    assert out.stdout.strip() == "[]"
 
 
 def test_the_defaults_are_those_of_the_pure_parameters() -> None:
