@@ -117,3 +117,17 @@ def test_a_poll_without_time_limits_and_with_domain_clocks() -> None:
     assert isinstance(limited[0], Reject) and limited[0].reason.value == "too_old"
     assert isinstance(limited[1], SampleBatch)
     assert all(isinstance(g, SampleBatch) for g in decode_sample_messages(raws, "power", None))
+
+
+def test_a_stamp_beyond_int64_leaves_its_neighbours_on_the_fast_path() -> None:
+    """msgspec reads stamps up to 2**64 - 1; the poll's int64 column cannot hold one beyond 2**63 - 1, so that
+    message alone goes to the checked path, which names it, and the others keep their samples."""
+    def msg(ts: list[int]) -> bytes:  # by hand: orjson refuses ints beyond 64 bits, not beyond int64
+        return b'{"v": 1, "node": "n", "gpu": "0", "ts_ns": %s, "value": %s}' % (
+            str(ts).encode(), str([1.0] * len(ts)).encode())
+
+    raws = [msg([NOW, NOW + 1]), msg([NOW, 2**63]), msg([NOW + 2]), msg([NOW, 2**64 - 1])]
+    got = decode_sample_messages(raws, "power", None)
+    assert [plain(g) for g in got] == [plain(decode_samples(raw, "power", None)) for raw in raws]
+    assert [type(g).__name__ for g in got] == ["SampleBatch", "Reject", "SampleBatch", "Reject"]
+    assert got[2].ts_ns.tolist() == [NOW + 2]  # type: ignore[union-attr]
