@@ -4,7 +4,10 @@ and a bad message that goes to the dead-letter sink while the agent goes on."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import faust
@@ -392,3 +395,15 @@ def test_kubernetes_events_feed_the_attribution_book() -> None:
     assert feed(book, raw) and feed(book, raw) and not feed(book, b"{nope")
     [h] = book.around("node-1", T0 - 1, T0 + 1)  # a redelivered event is one event
     assert (h.reason, h.pod, h.gpus, h.type) == ("OOMKilled", "llm-0", ("0",), "Warning")
+
+
+def test_a_detection_runtime_loads_river_and_scipy_when_it_starts() -> None:
+    # The settings no longer import them (every CLI command starts in ~0.4 s); a worker that detects pays
+    # the ~0.8 s at start instead of holding up its first frame, or its first alert's attribution.
+    code = ("import sys; from agents.detect.agent import DetectRuntime; from streams.detect.detectors import "
+            "DetectParams; before = {'river.drift', 'scipy.stats'} & set(sys.modules); "
+            "DetectRuntime(DetectParams(), 10**9, None, [], None, 't'); "
+            "print(sorted(before), sorted({'river.drift', 'scipy.stats', 'scipy.special'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
+                         cwd=Path(__file__).parents[2])
+    assert out.stdout.strip() == "[] ['river.drift', 'scipy.special', 'scipy.stats']"
