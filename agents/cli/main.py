@@ -77,7 +77,7 @@ def worker(ctx: click.Context, progress: str, exit_when_idle: float | None, runt
         ensure_topics(settings)
     except (KafkaUnavailable, TopicLayoutError) as exc:
         raise click.ClickException(str(exc)) from None
-    tune_for_throughput()
+    ctx.call_on_close(tune_for_throughput())  # put back when the command returns: tests run it in process
 
     def report(st: IngestStats) -> None:
         if progress == "json":
@@ -227,7 +227,7 @@ def demo(ctx: click.Context, duration: float, nodes: int, gpus: int) -> None:
 
     settings = _settings(ctx)
     _check_policy(settings)
-    tune_for_throughput()
+    ctx.call_on_close(tune_for_throughput())
     if settings.clickhouse_backend != "chdb":
         log.info("demo uses the %s backend as configured", settings.clickhouse_backend)
     from streams.sim.scenario import ScenarioError

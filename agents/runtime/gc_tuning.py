@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Final
 
 log = logging.getLogger(__name__)
@@ -56,10 +57,29 @@ class PauseWatch:
 PAUSES = PauseWatch()
 
 
-def tune_for_throughput() -> None:
-    """Call once, after start-up and before the consumer loop."""
+def tune_for_throughput() -> Callable[[], None]:
+    """Call once, after start-up and before the consumer loop; returns what puts the process's own
+    settings back (a command run inside another process, such as a test's, must not leave them behind).
+
+    >>> before = gc.get_threshold()
+    >>> undo = tune_for_throughput()
+    >>> gc.get_threshold() == WORKER_THRESHOLDS and PAUSES in gc.callbacks
+    True
+    >>> undo(); gc.get_threshold() == before and PAUSES not in gc.callbacks
+    True
+    """
+    before = gc.get_threshold()
+    installed = PAUSES not in gc.callbacks
     gc.collect()
     gc.freeze()
     gc.set_threshold(*WORKER_THRESHOLDS)
-    if PAUSES not in gc.callbacks:
+    if installed:
         gc.callbacks.append(PAUSES)
+
+    def undo() -> None:
+        gc.set_threshold(*before)
+        gc.unfreeze()
+        if installed and PAUSES in gc.callbacks:
+            gc.callbacks.remove(PAUSES)
+
+    return undo

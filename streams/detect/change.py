@@ -78,8 +78,8 @@ class PageHinkleyDown:
             raise ValueError("PageHinkleyDown needs delta >= 0, threshold > 0, min_instances >= 1")
 
     def _new(self) -> Any:  # River 0.26's drift classes are only partly annotated
-        return _river_drift().PageHinkley(min_instances=self.min_instances, delta=self.delta, threshold=self.threshold,
-                                 alpha=1.0, mode="down")
+        return _river_drift().PageHinkley(min_instances=self.min_instances, delta=self.delta,
+                                          threshold=self.threshold, alpha=1.0, mode="down")
 
     def update(self, x: float) -> bool:
         self._ph.update(x)

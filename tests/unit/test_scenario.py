@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import gc
 import hashlib
 import struct
 from pathlib import Path
@@ -14,6 +15,7 @@ from click.testing import CliRunner
 import streams.sim.play
 import streams.sim.scenario
 from agents.collect.scenario_file import load_scenario
+from agents.runtime.gc_tuning import PAUSES
 from schemas.records import K8sEvent
 from streams.sim.scenario import (
     ALERT_MIN_DEPTH,
@@ -435,7 +437,10 @@ def test_the_demo_finds_its_scripts_and_refuses_a_cluster_its_scenario_does_not_
     assert (PROJECT_ROOT / "deploy" / "scenarios" / "live-demo.toml").is_file()
     # Checked before a broker is started: a bootstrap that nothing listens on is never reached.
     monkeypatch.setenv("FLOPWATCH_KAFKA_BOOTSTRAP", "127.0.0.1:1")
+    gc_before = gc.get_threshold()
     result = CliRunner().invoke(cli, ["demo", "--nodes", "1", "--duration", "1"])
     assert result.exit_code == 1, result.output
     assert "node 'node-01' is not in the cluster" in result.output
     assert "Traceback" not in result.output
+    # The command tuned the process's garbage collector for throughput and put it back as it returned.
+    assert gc.get_threshold() == gc_before and PAUSES not in gc.callbacks
