@@ -72,7 +72,7 @@ class PageHinkleyDown:
         self._ph = self._new()
 
     @staticmethod
-    def check(delta: float = 0.01, threshold: float = 0.3, min_instances: int = 10) -> None:
+    def check(delta: float, threshold: float, min_instances: int) -> None:
         """Raise what the constructor would for these parameters, without importing River."""
         if delta < 0 or threshold <= 0 or min_instances < 1:
             raise ValueError("PageHinkleyDown needs delta >= 0, threshold > 0, min_instances >= 1")
@@ -127,7 +127,7 @@ class AdwinDetector:
         self._ad = self._new()
 
     @staticmethod
-    def check(delta: float = 0.002) -> None:
+    def check(delta: float) -> None:
         """Raise what the constructor would for this ``delta``, without importing River."""
         if not 0 < delta < 1:
             raise ValueError("AdwinDetector needs 0 < delta < 1")

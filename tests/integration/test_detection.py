@@ -79,8 +79,7 @@ def read_topic(settings: Settings, topic: str, idle_s: float = 3.0) -> list[tupl
 
 def read_partitions(settings: Settings, topic: str, idle_s: float = 3.0) -> list[tuple[int, bytes | None, bytes]]:
     """Everything on ``topic`` (read_committed) as (partition, key, value), each partition in its order."""
-    c = Consumer(confluent_config(settings) | {"group.id": f"read-{time.time_ns()}", "auto.offset.reset": "earliest",
-                                               "enable.auto.commit": False, "isolation.level": "read_committed"})
+    c = _reader(settings)
     meta = c.list_topics(topic, timeout=10)
     c.assign([TopicPartition(topic, p, 0) for p in meta.topics[topic].partitions])
     out: list[tuple[int, bytes | None, bytes]] = []
@@ -95,11 +94,16 @@ def read_partitions(settings: Settings, topic: str, idle_s: float = 3.0) -> list
     return out
 
 
+def _reader(settings: Settings) -> Consumer:
+    """A read_committed consumer of its own group, from the earliest offset, committing nothing."""
+    return Consumer(confluent_config(settings) | {"group.id": f"read-{time.time_ns()}", "auto.offset.reset": "earliest",
+                                                  "enable.auto.commit": False, "isolation.level": "read_committed"})
+
+
 def read_to_end(settings: Settings, topics: list[str], timeout_s: float = 60.0) -> dict[str, list[bytes]]:
     """Every message on ``topics`` (read_committed) up to each partition's end as it was when called, with one
     consumer: for a run whose producers have stopped, where waiting for quiet per topic would cost seconds each."""
-    c = Consumer(confluent_config(settings) | {"group.id": f"read-{time.time_ns()}", "auto.offset.reset": "earliest",
-                                               "enable.auto.commit": False, "isolation.level": "read_committed"})
+    c = _reader(settings)
     ends: dict[tuple[str, int], int] = {}
     for topic in topics:
         for p in c.list_topics(topic, timeout=10).topics[topic].partitions:
