@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 
 import pytest
+from aiokafka import AIOKafkaConsumer
+from faust.transport.drivers.aiokafka import Transport
 
 from agents.app import create_app
-from agents.kafka.faust_producer import IdempotentProducer
+from agents.kafka.faust_producer import AGENT_FETCH_WAIT_MS, IdempotentProducer, PromptConsumer
 from agents.kafka.producer import producer_config
 from agents.settings import SettingsError, load_settings
 
@@ -22,6 +25,21 @@ def test_the_faust_apps_producer_of_alerts_and_triggers_is_idempotent_with_acks_
 
     producer, acks, idempotent = asyncio.run(made())
     assert isinstance(producer, IdempotentProducer) and acks == -1 and idempotent
+
+
+def test_the_agents_consumer_waits_in_the_broker_at_most_a_tenth_of_a_second_not_fausts_one_and_a_half() -> None:
+    async def made() -> AIOKafkaConsumer:
+        app = create_app(load_settings({}, web_enabled=False))
+        assert isinstance(app.consumer, PromptConsumer)
+        transport = app.transport
+        assert isinstance(transport, Transport)
+        return app.consumer._thread._create_worker_consumer(transport)  # the aiokafka consumer it would start
+
+    client = asyncio.run(made())
+    assert client._fetch_max_wait_ms == AGENT_FETCH_WAIT_MS == 100
+    assert client._group_id and not client._enable_auto_commit  # Faust's other settings kept
+    # aiokafka builds its fetcher from the attribute when the consumer starts: an upgrade that stops doing so fails here.
+    assert "fetch_max_wait_ms=self._fetch_max_wait_ms" in inspect.getsource(AIOKafkaConsumer.start)
 
 
 def test_the_sample_frames_and_dead_letter_producers_are_idempotent_with_acks_all_whatever_the_overrides() -> None:
