@@ -40,6 +40,7 @@ from agents.kafka.topics import Topics
 from agents.livepage.routes import install_page
 from agents.livepage.state import LiveDecisions, LiveState
 from agents.metrics import AlertDelays, Metrics
+from agents.runtime.give_way import AgentQueues
 from agents.runtime.history import KafkaFrameHistory
 from agents.runtime.timebase import SYSTEM_CLOCK
 from agents.settings import Settings
@@ -117,7 +118,8 @@ def create_app(settings: Settings, on_flush: Callable[[IngestStats], None] | Non
                         partitions=settings.partitions, internal=False)
         for name in names.all
     }
-    ingestor = Ingestor(settings)
+    agent_queues = AgentQueues()  # the agents' inputs, which the ingest gives way to
+    ingestor = Ingestor(settings, agents=agent_queues)
     app.flopwatch_ingestor = ingestor  # type: ignore[attr-defined]
     metrics = Metrics()
     app.flopwatch_metrics = metrics  # type: ignore[attr-defined]
@@ -159,7 +161,7 @@ def create_app(settings: Settings, on_flush: Callable[[IngestStats], None] | Non
 
     app.service(_BoundIngest)
     if runtime is not None:
-        install(app, runtime, app.flopwatch_topics[names.frames])  # type: ignore[attr-defined]
+        install(app, runtime, app.flopwatch_topics[names.frames], agent_queues)  # type: ignore[attr-defined]
         if runtime.params.attribution.enabled:
             book = runtime.events
 
@@ -169,7 +171,7 @@ def create_app(settings: Settings, on_flush: Callable[[IngestStats], None] | Non
 
             app.service(_BoundEvents)
     if deciding is not None:
-        install_decide(app, deciding, app.flopwatch_topics[names.workloads])  # type: ignore[attr-defined]
+        install_decide(app, deciding, app.flopwatch_topics[names.workloads], agent_queues)  # type: ignore[attr-defined]
     if live is not None:  # the web server is on
         install_web(app, metrics, view)  # routes are fixed once the server runs
         install_page(app, live, ingestor.on_clickhouse, settings.grid_ms)

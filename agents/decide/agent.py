@@ -33,6 +33,7 @@ import faust
 import orjson
 
 from agents.decide.scale_view import Desired, ScaleView
+from agents.runtime.give_way import AgentQueues
 from agents.runtime.partition_agent import FrameHistory, Rejects, declare
 from agents.runtime.partition_runtime import PartitionCounters, PartitionRuntime
 from agents.runtime.timebase import SYSTEM_CLOCK, Clock
@@ -170,6 +171,6 @@ def decision_columns(decisions: Sequence[Decision]) -> dict[str, list[Any]]:
         "before_action_ts_ns": [t.before.last_action_ts_ns or 0 for t in ts]}
 
 
-def install(app: faust.App, runtime: DecideRuntime, workloads_topic: Any) -> Any:
+def install(app: faust.App, runtime: DecideRuntime, workloads_topic: Any, queues: AgentQueues | None = None) -> Any:
     """Declare the agent on ``app``; returns it (tests drive it with ``agent.test_context()``)."""
-    return declare(app, workloads_topic, "flopwatch.decide", runtime.handle, runtime.topic, runtime.revoke)
+    return declare(app, workloads_topic, "flopwatch.decide", runtime.handle, runtime.topic, runtime.revoke, queues)

@@ -35,6 +35,7 @@ import faust
 import orjson
 
 from agents.runtime.backoff import with_backoff
+from agents.runtime.give_way import AgentQueues
 from agents.runtime.partition_agent import FrameHistory, Rejects, declare
 from agents.runtime.partition_runtime import OutputSink, PartitionCounters, PartitionRuntime
 from agents.runtime.timebase import SYSTEM_CLOCK, Clock
@@ -213,7 +214,7 @@ def detection_columns(alerts: Sequence[Alert]) -> dict[str, list[Any]]:
         "causes": [orjson.dumps([c.as_dict() for c in a.causes], option=orjson.OPT_SORT_KEYS).decode() for a in alerts]}
 
 
-def install(app: faust.App, runtime: DetectRuntime, frames_topic: Any) -> Any:
+def install(app: faust.App, runtime: DetectRuntime, frames_topic: Any, queues: AgentQueues | None = None) -> Any:
     """Declare the agent on ``app``; returns it (tests drive it with ``agent.test_context()``)."""
-    return declare(app, frames_topic, "flopwatch.detect", runtime.handle, runtime.topic, runtime.revoke)
+    return declare(app, frames_topic, "flopwatch.detect", runtime.handle, runtime.topic, runtime.revoke, queues)
 

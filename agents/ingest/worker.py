@@ -40,6 +40,7 @@ from agents.ingest.positions import Positions
 from agents.ingest.pricebook_file import PriceBookFile
 from agents.kafka.producer import SampleProducer
 from agents.kafka.topics import Topics, aiokafka_config
+from agents.runtime.give_way import AgentQueues
 from agents.runtime.timebase import SYSTEM_CLOCK, Clock
 from agents.settings import Settings
 from agents.sinks.clickhouse import Backend, ClickHouseUnreachable, open_backend
@@ -75,8 +76,9 @@ class Ingestor:
     """One worker process's consumer loop around an ``IngestCore``; ``run`` returns when ``stop`` is set."""
 
     def __init__(self, settings: Settings, backend_factory: Callable[[Settings], Backend] = open_backend,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+                 clock: Clock = SYSTEM_CLOCK, agents: AgentQueues | None = None) -> None:
         self.settings = settings
+        self.agents = agents if agents is not None else AgentQueues()  # the agents of this process, which go first
         self.topics = Topics(settings.topic_prefix)
         self.stats = IngestStats()
         self._clock = clock
@@ -201,7 +203,8 @@ class Ingestor:
                 # getmany returns without suspending while records are buffered: under a backlog the loop
                 # would never let the group heartbeat, the writer's completion or the web page run, and the
                 # group would drop this worker after its session timeout (found by tests/integration/test_flood.py).
-                await asyncio.sleep(0)
+                # The agents' queued frames and summaries go before the next poll (agents.runtime.give_way).
+                await self.agents.give_way()
             async with self._lock:
                 if drain:
                     core.drain()

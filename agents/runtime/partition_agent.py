@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import faust
 
+from agents.runtime.give_way import AgentQueues
 from schemas.records import Reject
 
 SENT_LOOKBACK_MS = 600_000  # outputs sent lately are read back from at least this far
@@ -50,16 +51,23 @@ Handle = Callable[[int, int, int, bytes | None, bytes | None], Awaitable[Any]]
 
 
 def declare(app: faust.App, topic: Any, name: str, handle: Handle, topic_name: str,
-            revoke: Callable[[Sequence[int]], None]) -> Any:
+            revoke: Callable[[Sequence[int]], None], queues: AgentQueues | None = None) -> Any:
     """An agent on ``topic`` that awaits ``handle(partition, offset, timestamp_ms, key, value)`` per message
     and yields its result (what ``test_context``'s ``put()`` waits for); ``revoke`` gets the partitions
-    of ``topic_name`` taken away in a rebalance."""
+    of ``topic_name`` taken away in a rebalance; ``queues`` learns the agent's input queue, which the
+    ingest gives way to."""
 
     async def run(stream: faust.StreamT[Any]) -> AsyncIterator[Any]:
-        async for event in stream.events():
-            m = event.message
-            ts_ms = int(m.timestamp * 1000) if m.timestamp else 0
-            yield await handle(m.partition, m.offset, ts_ms, event.key, event.value)
+        channel = stream.channel  # an agent's stream reads its own channel (a ChannelT, typed as an iterator)
+        forget = queues.watch(cast(faust.ChannelT[Any], channel).queue) if queues is not None else None
+        try:
+            async for event in stream.events():
+                m = event.message
+                ts_ms = int(m.timestamp * 1000) if m.timestamp else 0
+                yield await handle(m.partition, m.offset, ts_ms, event.key, event.value)
+        finally:
+            if forget is not None:
+                forget()
 
     # concurrency=1: with more, a commit can pass a message still in flight (faust-streaming#606).
     agent = app.agent(topic, name=name, concurrency=1)(run)

@@ -15,6 +15,7 @@ import numpy as np
 import orjson
 
 from agents.detect.agent import DetectRuntime, install
+from agents.runtime.give_way import AgentQueues
 from agents.runtime.partition_runtime import REPLAY_TURN
 from schemas.alerts import Alert, Cause, encode_alert
 from schemas.frame_messages import FrameMessage, GpuFrame, encode_frame_message
@@ -80,13 +81,13 @@ class Letters:
         self.closed = True
 
 
-def make(history: History) -> tuple[Any, DetectRuntime, Sink, Letters]:
+def make(history: History, queues: AgentQueues | None = None) -> tuple[Any, DetectRuntime, Sink, Letters]:
     app = faust.App("flopwatch-agent-test", broker="kafka://127.0.0.1:1", store="memory://", value_serializer="raw",
                     key_serializer="raw", autodiscover=False, web_enabled=False)
     topic = app.topic("flopwatch.frames", key_type=bytes, value_type=bytes)
     sink, letters = Sink(), Letters()
     runtime = DetectRuntime(DetectParams(), GRID, history, [sink], letters, "flopwatch.frames", replay_s=180)
-    return install(app, runtime, topic), runtime, sink, letters
+    return install(app, runtime, topic, queues), runtime, sink, letters
 
 
 def on_topic(*alerts: Alert) -> dict[str, bytes]:
@@ -407,3 +408,21 @@ def test_a_detection_runtime_loads_river_and_scipy_when_it_starts() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
                          cwd=Path(__file__).parents[2])
     assert out.stdout.strip() == "[] ['river.drift', 'scipy.special', 'scipy.stats']"
+
+
+def test_the_ingest_gives_way_until_the_detection_agent_has_taken_a_ticks_queued_frames() -> None:
+    asyncio.run(_the_ingest_gives_way_until_the_detection_agent_has_taken_a_ticks_queued_frames())
+
+
+async def _the_ingest_gives_way_until_the_detection_agent_has_taken_a_ticks_queued_frames() -> None:
+    queues = AgentQueues()
+    agent, runtime, _, _ = make(History([]), queues)
+    async with agent.test_context() as tc:
+        await tc.put(value=frames(1, drop_at=5, drop_len=1)[0], key=b"node-1", partition=0, timestamp=T0 / 1e9)
+        msgs = frames(33, drop_at=50, drop_len=1)[1:]
+        for i, m in enumerate(msgs, start=1):  # 32 frames delivered at once, as a fetch delivers a tick's frames
+            await tc.put(value=m, key=b"node-1", partition=0, timestamp=(T0 + i * GRID) / 1e9, wait=False)
+        assert queues.pending() == 32  # the queue watched is the one the agent's Faust stream reads
+        await queues.give_way()
+        assert queues.pending() == 0 and runtime.stats.frames == 33
+    assert queues.pending() == 0  # the stopped agent's queue is no longer counted
