@@ -20,6 +20,8 @@ never many.
 [5]
 >>> len(store), store.rows().tick.tolist()
 (2, [7, 9])
+>>> store.column("tick").tolist(), store.column("node").tolist()
+([7, 9], [1, 0])
 """
 
 from __future__ import annotations
@@ -120,6 +122,14 @@ class OpenSamples:
         if not self._chunks:
             return Rows.empty()
         return Rows.concat([c.rows for c in self._chunks])
+
+    def column(self, name: str) -> npt.NDArray[Any]:
+        """One column of all open samples (a copy where there is more than one chunk)."""
+        if not self._chunks:
+            return getattr(Rows.empty(), name)  # type: ignore[no-any-return]
+        if len(self._chunks) == 1:
+            return getattr(self._chunks[0].rows, name)  # type: ignore[no-any-return]
+        return np.concatenate([getattr(c.rows, name) for c in self._chunks])
 
     def take_done(self, close: I64) -> Rows:
         """Remove and return the samples whose tick is below their node's ``close``."""

@@ -234,6 +234,22 @@ def test_open_ticks_are_capped() -> None:
     assert len(out(a.advance(0))) == 7 and a.open_cells() == 3
 
 
+@pytest.mark.parametrize("spread_s", [3, 100_000])  # few ticks: the table count; far apart: the sort
+def test_open_cells_counts_each_gpu_and_tick_once(spread_s: int) -> None:
+    rng = random.Random(spread_s)
+    a = GridAligner(AlignParams(allowed_lateness_ns=10**6 * GRID, max_open_ticks=10**6))  # every sample stays open
+    cells: set[tuple[str, str, int]] = set()  # a GPU's frame-to-be per tick, whatever its sensors
+    for _ in range(40):  # one chunk per add, so the count spans chunks
+        node, gpu = f"n{rng.randrange(3)}", str(rng.randrange(4))
+        s = rng.choice([BY_NAME["power"].index, BY_NAME["temperature"].index, BY_NAME["gpu_util"].index])
+        ts = sorted(T0 + rng.randrange(spread_s * GRID) for _ in range(rng.randrange(1, 6)))
+        a.add(node, gpu, s, ts, [1.0] * len(ts))
+        cells |= {(node, gpu, t // GRID) for t in ts}
+    assert a.open_cells() == 0  # placed by the next advance
+    a.advance(0)
+    assert a.open_cells() == len(cells)
+
+
 def test_open_samples_are_capped_whatever_the_skew() -> None:
     p, t = BY_NAME["power"].index, BY_NAME["temperature"].index
     a = GridAligner(AlignParams(allowed_lateness_ns=0, max_open_samples=25))
