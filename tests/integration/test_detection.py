@@ -167,6 +167,7 @@ def test_alerts_fire_exactly_once_per_message_id_across_a_sigkill(base_settings:
         worker.kill()  # mid-run: frames published, alerts maybe sent, offsets maybe not committed
     finally:
         worker.proc.kill()
+    first = worker
     worker = Worker(base_settings, "--runtime", "faust")
     topic = Topics(base_settings.topic_prefix).alerts
     try:
@@ -205,7 +206,10 @@ def test_alerts_fire_exactly_once_per_message_id_across_a_sigkill(base_settings:
     finally:
         backend.close()
     # One row per (id, state): an attribution replaces its firing's row, and brings its causes.
-    assert sorted(f"{i}:{s}" for i, s, _ in rows) == sorted({f"{a.id}:{a.state}" for a in decoded})
+    time.sleep(0.5)  # the log readers reach the end of both workers' output (for the message if this fails)
+    first.drain(), worker.drain()
+    logs = "".join(["first worker, last lines:\n", *first.tail, "second worker, last lines:\n", *worker.tail])
+    assert sorted(f"{i}:{s}" for i, s, _ in rows) == sorted({f"{a.id}:{a.state}" for a in decoded}), logs
     attributed = {a.id: [c.cause for c in a.causes] for a in attributions}
     assert {i: [c["cause"] for c in orjson.loads(str(c))] for i, s, c in rows
             if s == "firing" and i in attributed} == attributed
