@@ -334,22 +334,8 @@ class GridAligner:
         return {n: (c - 1) * self._grid for n, c in zip(reg.node_names, reg.node_closed, strict=True) if c != NO_TS}
 
     def open_cells(self) -> int:
-        """Distinct (GPU, tick) cells holding open samples: frames to come. A gauge the worker reads at every
-        flush, so it copies two columns, not every open sample, and marks the cells in a table where
-        that is smaller than a few times the samples, instead of sorting them (8% of the batched worker)."""
-        if not len(self._open):
-            return 0
-        tick = self._open.column("tick")
-        pairs = self._reg.arr("s_pair")[self._open.column("sid")]
-        base = int(tick.min())
-        span = int(tick.max()) - base + 1
-        keys = pairs * span + (tick - base)
-        cells = (int(pairs.max()) + 1) * span
-        if cells > 4 * len(keys) + 4096:
-            return len(np.unique(keys))
-        seen = np.zeros(cells, np.bool_)
-        seen[keys] = True
-        return int(np.count_nonzero(seen))
+        """Distinct (GPU, tick) cells holding open samples: frames to come."""
+        return self._open.cells(self._reg.arr("s_pair"))
 
     def nodes_held(self) -> int:
         return len(self._reg.node_names)
