@@ -49,14 +49,7 @@ do_install() {
     say "already installed: $(binary)"
     return 0
   fi
-  local sudo=()
-  [[ $EUID -eq 0 ]] || sudo=(sudo)
-  export DEBIAN_FRONTEND=noninteractive
-  # Refresh the package lists only when apt does not know the package yet.
-  if ! apt-cache policy prometheus-alertmanager 2>/dev/null | grep -q 'Candidate: [0-9]'; then
-    "${sudo[@]}" apt-get update -q
-  fi
-  "${sudo[@]}" apt-get install -y -q --no-install-recommends prometheus-alertmanager
+  apt_install prometheus-alertmanager
   binary >/dev/null || die "installed, but no alertmanager binary found"
 }
 
@@ -79,40 +72,14 @@ EOF
 wait_ready() { wait_ready_log "$logs/alertmanager.log" "${1:-}"; }  # [pid]
 
 do_start() {
-  if pid_alive; then
-    say "already running (pid $(cat "$pidfile"))"
-    wait_ready
-    return
-  fi
-  rm -f "$pidfile"
+  already_running && return
   local bin
   bin="$(binary)" || die "prometheus-alertmanager not installed (run: $0 install)"
-  if port_open "$port"; then
-    die "port $port on 127.0.0.1 is taken by another process; set FLOPWATCH_ALERTMANAGER_PORT"
-  fi
+  ports_free FLOPWATCH_ALERTMANAGER_PORT "$port"
   write_config
-  printf '\n==== start %s ====\n' "$(date -Is)" >>"$logs/alertmanager.log"
-  # setsid: own session, so it outlives the shell that started it.
-  (cd "$state" && exec setsid nohup "$bin" --config.file="$config" --storage.path="$state/data" \
-      --web.listen-address="127.0.0.1:$port" --cluster.listen-address= --log.level=info \
-      </dev/null >>"$logs/alertmanager.log" 2>&1) &
-  local pid=$!
-  echo "$pid" >"$pidfile"
-  say "started pid $pid, waiting up to ${timeout_s}s (log: $logs/alertmanager.log)"
-  wait_ready "$pid"
+  launch "$logs/alertmanager.log" "$bin" --config.file="$config" --storage.path="$state/data" \
+      --web.listen-address="127.0.0.1:$port" --cluster.listen-address= --log.level=info
 }
 
-
-case "${1:-}" in
-  install) do_install ;;
-  start) do_start ;;
-  stop) do_stop ;;
-  status)
-    if pid_alive; then echo "running (pid $(cat "$pidfile")) $url"; exit 0; fi
-    echo "stopped"; exit 1
-    ;;
-  *)
-    echo "usage: $0 {install|start|stop|status}" >&2
-    exit 2
-    ;;
-esac
+address="$url"
+service_main "" -- "$@"

@@ -8,6 +8,8 @@ set -euo pipefail
 
 say() { echo "chromium: $*" >&2; }
 die() { say "$*"; exit 1; }
+# shellcheck source=deploy/proc.sh
+source "$(dirname "${BASH_SOURCE[0]}")/proc.sh"  # apt_install
 
 installed() { [[ -x /usr/bin/chromium && -x /usr/bin/chromedriver ]]; }
 
@@ -16,14 +18,7 @@ do_install() {
     say "already installed: $(/usr/bin/chromium --version 2>/dev/null | head -1)"
     return 0
   fi
-  local sudo=()
-  [[ $EUID -eq 0 ]] || sudo=(sudo)
-  export DEBIAN_FRONTEND=noninteractive
-  # Refresh the package lists only when apt does not know the package yet.
-  if ! apt-cache policy chromium-driver 2>/dev/null | grep -q 'Candidate: [0-9]'; then
-    "${sudo[@]}" apt-get update -q
-  fi
-  "${sudo[@]}" apt-get install -y -q chromium chromium-driver
+  apt_install --with-recommends chromium chromium-driver
   installed || die "installed, but /usr/bin/chromium or /usr/bin/chromedriver is missing"
 }
 

@@ -130,17 +130,7 @@ do_install() {
     say "already installed: $(server_cmd)"
     return 0
   fi
-  local sudo=()
-  [[ $EUID -eq 0 ]] || sudo=(sudo)
-  export DEBIAN_FRONTEND=noninteractive
-  # Refresh the package lists only when apt does not know the package yet:
-  # `apt-get update` is slow and usually unnecessary.
-  if ! apt-cache policy clickhouse-server 2>/dev/null | grep -q 'Candidate: [0-9]'; then
-    "${sudo[@]}" apt-get update -q
-  fi
-  # The package's postinst tries to start the service via invoke-rc.d; on a
-  # machine without systemd/runlevels that is denied, which is harmless.
-  "${sudo[@]}" apt-get install -y -q clickhouse-server clickhouse-client
+  apt_install --with-recommends clickhouse-server clickhouse-client
   server_cmd >/dev/null || die "installed, but no clickhouse server binary found"
 }
 
@@ -259,46 +249,22 @@ wait_ready() {  # [pid]
 }
 
 do_start() {
-  if pid_alive; then
-    say "already running (pid $(cat "$pidfile"))"
-    wait_ready
-    return
-  fi
-  rm -f "$pidfile"
+  already_running && return
   local srv
   srv="$(server_cmd)" || die "clickhouse-server not installed (run: $0 install)"
-  if port_open "$port" || port_open "$http_port"; then
-    die "port $port or $http_port on 127.0.0.1 is taken by another process; set FLOPWATCH_CLICKHOUSE_PORT / FLOPWATCH_CLICKHOUSE_HTTP_PORT"
-  fi
+  ports_free "FLOPWATCH_CLICKHOUSE_PORT / FLOPWATCH_CLICKHOUSE_HTTP_PORT" "$port" "$http_port"
   write_config
   # The server raises its open-files limit itself and only warns when it
   # cannot; raising the soft limit here avoids "too many open files" under
   # parallel inserts on boxes with a 1024 default.
   ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
-  printf '\n==== start %s ====\n' "$(date -Is)" >>"$logs/stdout.log"
-  # cd: the server resolves some relative paths against its working dir.
-  # setsid: own session, so it outlives the shell that started it.
-  # shellcheck disable=SC2086
-  (cd "$state" && exec setsid nohup $srv --config-file="$config" \
-      </dev/null >>"$logs/stdout.log" 2>&1) &
-  local pid=$!
-  echo "$pid" >"$pidfile"
-  say "started pid $pid, waiting up to ${timeout_s}s (logs: $logs)"
-  wait_ready "$pid"
+  # In $state: the server resolves some relative paths against its working dir.
+  # shellcheck disable=SC2086  # "clickhouse server" is two words on purpose
+  launch "$logs/stdout.log" $srv --config-file="$config"
 }
 
-
+address="127.0.0.1:$port"
 case "${1:-}" in
-  install) do_install ;;
-  start) do_start ;;
-  stop) do_stop ;;
-  status)
-    if pid_alive; then echo "running (pid $(cat "$pidfile")) 127.0.0.1:$port"; exit 0; fi
-    echo "stopped"; exit 1
-    ;;
   client) shift; client "$@" ;;
-  *)
-    echo "usage: $0 {install|start|stop|status|client [clickhouse-client args]}" >&2
-    exit 2
-    ;;
+  *) service_main "|client [clickhouse-client args]" -- "$@" ;;
 esac

@@ -73,6 +73,9 @@ bootstrap="127.0.0.1:$port"
 
 say() { echo "kafka: $*" >&2; }
 die() { say "$*"; exit 1; }
+config="$props"  # in our broker's command line: deploy/proc.sh's pid_alive checks it
+# shellcheck source=deploy/proc.sh
+. "$repo_root/deploy/proc.sh"  # pid_alive, do_stop, port_open
 # shellcheck source=deploy/kafka_jars.sh
 . "$repo_root/deploy/kafka_jars.sh"
 # shellcheck source=deploy/kafka_cluster.sh
@@ -117,25 +120,12 @@ format_storage() {
 
 # ---------------------------------------------------------------- process
 
-pid_alive() {
-  [[ -f "$pidfile" ]] || return 1
-  local pid
-  pid="$(cat "$pidfile" 2>/dev/null)" || return 1
-  [[ "$pid" =~ ^[0-9]+$ ]] || return 1
-  # Guard against pid reuse after a reboot: it must still be our broker.
-  kill -0 "$pid" 2>/dev/null && grep -q 'kafka\.Kafka' "/proc/$pid/cmdline" 2>/dev/null
-}
-
-port_open() {  # host port
-  (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null
-}
-
 # Ready = the port accepts connections AND a metadata request (list topics)
 # succeeds; the port alone opens before the broker has caught up with the
 # controller and would let the first test fail.
 probe() {  # bootstrap
   local first="${1%%,*}"
-  port_open "${first%:*}" "${first##*:}" || return 1
+  port_open "${first##*:}" "${first%:*}" || return 1
   if [[ -s "$dist/classpath.txt" ]]; then
     KAFKA_TOOL_TIMEOUT=30 kafka_tool org.apache.kafka.tools.TopicCommand \
       --bootstrap-server "$1" --list >/dev/null 2>&1
@@ -168,7 +158,7 @@ start_jar() {
   fi
   rm -f "$pidfile"
   command -v java >/dev/null || die "java not found (Java 17 needed)"
-  if port_open 127.0.0.1 "$port" || port_open 127.0.0.1 "$cport"; then
+  if port_open "$port" || port_open "$cport"; then
     die "port $port or $cport on 127.0.0.1 is taken by another process; set FLOPWATCH_KAFKA_PORT / FLOPWATCH_KAFKA_CONTROLLER_PORT, or FLOPWATCH_KAFKA_BOOTSTRAP to use that broker"
   fi
   ensure_classpath
@@ -187,29 +177,6 @@ start_jar() {
   echo "$pid" >"$pidfile"
   say "started pid $pid, waiting up to ${timeout_s}s (log: $logs/server.log)"
   wait_ready "$bootstrap" "$pid"
-}
-
-stop_jar() {
-  if ! pid_alive; then
-    rm -f "$pidfile"
-    say "not running"
-    return 0
-  fi
-  local pid i
-  pid="$(cat "$pidfile")"
-  kill -TERM "$pid" 2>/dev/null || true
-  # A clean shutdown lets KRaft close its log cleanly; give it time.
-  for ((i = 0; i < 30; i++)); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 1
-  done
-  if kill -0 "$pid" 2>/dev/null; then
-    say "still running after 30 s, sending SIGKILL"
-    kill -KILL "$pid" 2>/dev/null || true
-    sleep 1
-  fi
-  rm -f "$pidfile"
-  say "stopped"
 }
 
 # ---------------------------------------------------------------- docker mode
@@ -290,8 +257,8 @@ case "$cmd" in
     elif [[ "${2:-}" == --cluster ]]; then cluster_stop
     else
       secure_stop
-      if (($(cluster_size) > 0)); then cluster_stop; pid_alive && stop_jar; true
-      else stop_jar
+      if (($(cluster_size) > 0)); then cluster_stop; pid_alive && do_stop; true
+      else do_stop
       fi
     fi
     ;;

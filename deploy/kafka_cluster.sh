@@ -7,7 +7,7 @@
 # in sync for a write (min.insync.replicas), no unclean leader election.
 #
 # The caller sets port, cport, state, heap, timeout_s, log4j and the jar variables (kafka_jars.sh),
-# and defines say(), die(), kafka_tool, port_open, probe and wait_ready.
+# and defines say(), die(), kafka_tool, probe and wait_ready; pid_alive and port_open come from proc.sh.
 # FLOPWATCH_KAFKA_CLUSTER_DIR (default $state/cluster) holds the cluster's brokers: a test gives its
 # own, with its own FLOPWATCH_KAFKA_PORT, beside the single broker.
 
@@ -25,12 +25,7 @@ cluster_bootstrap() {  # N
 }
 
 cluster_alive() {  # i
-  local pidfile pid
-  pidfile="$(cluster_pidfile "$1")"
-  [[ -f "$pidfile" ]] || return 1
-  pid="$(cat "$pidfile" 2>/dev/null)" || return 1
-  [[ "$pid" =~ ^[0-9]+$ ]] || return 1
-  kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$(cluster_dir "$1")/"
+  pid_alive "$(cluster_pidfile "$1")" "$(cluster_dir "$1")/"
 }
 
 cluster_write_config() {  # i N
@@ -58,7 +53,7 @@ cluster_start() {  # N
   fi
   for ((i = 1; i <= n; i++)); do
     cluster_alive "$i" && continue
-    if port_open 127.0.0.1 "$(cluster_port "$i")" || port_open 127.0.0.1 "$(cluster_cport "$i")"; then
+    if port_open "$(cluster_port "$i")" || port_open "$(cluster_cport "$i")"; then
       die "port $(cluster_port "$i") or $(cluster_cport "$i") is taken (a single broker of deploy/kafka.sh? stop it first)"
     fi
   done

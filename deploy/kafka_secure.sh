@@ -9,18 +9,15 @@
 # credentials.env (mode 600) beside the CA. Nothing of it is printed.
 #
 # The caller sets state, heap, timeout_s, log4j and the jar variables (kafka_jars.sh), and defines
-# say(), die(), kafka_tool, port_open, ensure_classpath and make_test_tls (deploy/tls.sh).
+# say(), die(), kafka_tool, ensure_classpath and make_test_tls (deploy/tls.sh); pid_alive, do_stop and
+# port_open come from proc.sh.
 
 secure_root="${FLOPWATCH_KAFKA_SECURE_DIR:-$state/secure}"
 secure_port="${FLOPWATCH_KAFKA_SECURE_PORT:-9192}"
 secure_pidfile="$secure_root/kafka.pid"
 
 secure_alive() {
-  [[ -f "$secure_pidfile" ]] || return 1
-  local pid
-  pid="$(cat "$secure_pidfile" 2>/dev/null)" || return 1
-  [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null \
-    && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$secure_root/server.properties"
+  pid_alive "$secure_pidfile" "$secure_root/server.properties"
 }
 
 secure_credentials() {
@@ -38,7 +35,7 @@ secure_start() {
     echo "127.0.0.1:$secure_port"
     return 0
   fi
-  port_open 127.0.0.1 "$secure_port" && die "port $secure_port is taken; set FLOPWATCH_KAFKA_SECURE_PORT"
+  port_open "$secure_port" && die "port $secure_port is taken; set FLOPWATCH_KAFKA_SECURE_PORT"
   command -v java >/dev/null || die "java not found (Java 17 needed)"
   ensure_classpath
   write_logging
@@ -79,7 +76,7 @@ EOF
   say "started the SASL_SSL broker, pid $pid (log: $secure_root/logs/server.log; CA: $secure_root/tls/ca.pem; the"
   say "password of user flopwatch is in $secure_root/credentials.env)"
   local deadline=$((SECONDS + timeout_s))
-  until port_open 127.0.0.1 "$secure_port" && tail -n "+$((seen + 1))" "$secure_root/logs/server.log" \
+  until port_open "$secure_port" && tail -n "+$((seen + 1))" "$secure_root/logs/server.log" \
           | grep -q "Kafka Server started"; do
     kill -0 "$pid" 2>/dev/null || { tail -n 30 "$secure_root/logs/server.log" >&2; die "the secure broker exited"; }
     ((SECONDS < deadline)) || die "the secure broker is not ready after ${timeout_s}s"
@@ -90,11 +87,6 @@ EOF
 
 secure_stop() {
   secure_alive || { rm -f "$secure_pidfile"; return 0; }
-  local pid k
-  pid="$(cat "$secure_pidfile")"
-  kill -TERM "$pid" 2>/dev/null || true
-  for ((k = 0; k < 30; k++)); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
-  kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
-  rm -f "$secure_pidfile"
-  say "stopped the SASL_SSL broker"
+  say "stopping the SASL_SSL broker"
+  do_stop "$secure_pidfile" "$secure_root/server.properties"
 }

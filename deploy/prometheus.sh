@@ -53,15 +53,8 @@ do_install() {
     say "already installed: $(binary)"
     return 0
   fi
-  local sudo=()
-  [[ $EUID -eq 0 ]] || sudo=(sudo)
-  export DEBIAN_FRONTEND=noninteractive
-  # Refresh the package lists only when apt does not know the package yet.
-  if ! apt-cache policy prometheus 2>/dev/null | grep -q 'Candidate: [0-9]'; then
-    "${sudo[@]}" apt-get update -q
-  fi
-  # --no-install-recommends: the package recommends the node exporter, which the tests do not need.
-  "${sudo[@]}" apt-get install -y -q --no-install-recommends prometheus
+  # Without recommendations: the package recommends the node exporter, which the tests do not need.
+  apt_install prometheus
   binary >/dev/null || die "installed, but no prometheus binary found"
 }
 
@@ -90,42 +83,18 @@ EOF
 wait_ready() { wait_ready_log "$logs/prometheus.log" "${1:-}"; }  # [pid]
 
 do_start() {
-  if pid_alive; then
-    say "already running (pid $(cat "$pidfile"))"
-    wait_ready
-    return
-  fi
-  rm -f "$pidfile"
+  already_running && return
   local bin
   bin="$(binary)" || die "prometheus not installed (run: $0 install)"
-  if port_open "$port"; then
-    die "port $port on 127.0.0.1 is taken by another process; set FLOPWATCH_PROMETHEUS_PORT"
-  fi
+  ports_free FLOPWATCH_PROMETHEUS_PORT "$port"
   write_config
-  printf '\n==== start %s ====\n' "$(date -Is)" >>"$logs/prometheus.log"
   # A day of retention: the data are test scrapes, and the directory must not grow run after run.
-  # setsid: own session, so it outlives the shell that started it.
-  (cd "$state" && exec setsid nohup "$bin" --config.file="$config" --storage.tsdb.path="$state/data" \
-      --storage.tsdb.retention.time=1d --web.listen-address="127.0.0.1:$port" --log.level=info \
-      </dev/null >>"$logs/prometheus.log" 2>&1) &
-  local pid=$!
-  echo "$pid" >"$pidfile"
-  say "started pid $pid, waiting up to ${timeout_s}s (log: $logs/prometheus.log)"
-  wait_ready "$pid"
+  launch "$logs/prometheus.log" "$bin" --config.file="$config" --storage.tsdb.path="$state/data" \
+      --storage.tsdb.retention.time=1d --web.listen-address="127.0.0.1:$port" --log.level=info
 }
 
-
+address="$url"
 case "${1:-}" in
-  install) do_install ;;
-  start) do_start ;;
-  stop) do_stop ;;
-  status)
-    if pid_alive; then echo "running (pid $(cat "$pidfile")) $url"; exit 0; fi
-    echo "stopped"; exit 1
-    ;;
   targets) echo "$targets" ;;
-  *)
-    echo "usage: $0 {install|start|stop|status|targets}" >&2
-    exit 2
-    ;;
+  *) service_main "|targets" -- "$@" ;;
 esac

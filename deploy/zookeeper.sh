@@ -39,13 +39,7 @@ do_install() {
     say "already installed: $jar"
     return 0
   fi
-  local sudo=()
-  [[ $EUID -eq 0 ]] || sudo=(sudo)
-  export DEBIAN_FRONTEND=noninteractive
-  if ! apt-cache policy zookeeper 2>/dev/null | grep -q 'Candidate: [0-9]'; then
-    "${sudo[@]}" apt-get update -q
-  fi
-  "${sudo[@]}" apt-get install -y -q --no-install-recommends zookeeper
+  apt_install zookeeper
   [[ -f "$jar" ]] || die "installed, but $jar is missing"
 }
 
@@ -78,39 +72,15 @@ ready() {
 wait_ready() { wait_ready_log "$logs/zookeeper.log" "${1:-}"; }  # [pid]
 
 do_start() {
-  if pid_alive; then
-    say "already running (pid $(cat "$pidfile"))"
-    wait_ready
-    return
-  fi
-  rm -f "$pidfile"
+  already_running && return
   [[ -f "$jar" ]] || die "zookeeper not installed (run: $0 install)"
-  if port_open "$port"; then
-    die "port $port on 127.0.0.1 is taken by another process; set FLOPWATCH_ZOOKEEPER_PORT"
-  fi
+  ports_free FLOPWATCH_ZOOKEEPER_PORT "$port"
   write_config
-  printf '\n==== start %s ====\n' "$(date -Is)" >>"$logs/zookeeper.log"
   # Debian's jar carries its dependencies' paths in its manifest; log4j's config comes from the
-  # package's example directory. setsid: own session, so it outlives the shell that started it.
-  (cd "$state" && exec setsid nohup java -Xmx256m -Dzookeeper.log.dir="$logs" \
-      -cp "/etc/zookeeper/conf_example:$jar" org.apache.zookeeper.server.ZooKeeperServerMain "$config" \
-      </dev/null >>"$logs/zookeeper.log" 2>&1) &
-  local pid=$!
-  echo "$pid" >"$pidfile"
-  say "started pid $pid, waiting up to ${timeout_s}s (log: $logs/zookeeper.log)"
-  wait_ready "$pid"
+  # package's example directory.
+  launch "$logs/zookeeper.log" java -Xmx256m -Dzookeeper.log.dir="$logs" \
+      -cp "/etc/zookeeper/conf_example:$jar" org.apache.zookeeper.server.ZooKeeperServerMain "$config"
 }
 
-case "${1:-}" in
-  install) do_install ;;
-  start) do_start ;;
-  stop) do_stop ;;
-  status)
-    if pid_alive; then echo "running (pid $(cat "$pidfile")) 127.0.0.1:$port"; exit 0; fi
-    echo "stopped"; exit 1
-    ;;
-  *)
-    echo "usage: $0 {install|start|stop|status}" >&2
-    exit 2
-    ;;
-esac
+address="$url"
+service_main "" -- "$@"
