@@ -35,11 +35,12 @@ from schemas.catalog import CATALOG
 from schemas.frames import COUNT_COLUMNS, VALUE_COLUMNS
 from schemas.records import Labels, Times, Values
 from streams.align.aggregate import F64, I64, Frame, FrameBatch, aggregate
-from streams.align.correction import Correction, to_utc
+from streams.align.correction import Correction
 from streams.align.forget import Gone, GoneNodes, forgettable, worth_it
 from streams.align.grid import Advance, AlignParams, LateSamples, Recovered
 from streams.align.holds import kept
 from streams.align.open_samples import OpenSamples, Rows
+from streams.align.pending import Pending
 from streams.align.registry import StreamRegistry
 from streams.align.watermark import NO_TS, BoolArr, Fronts, cap_open, close_before
 
@@ -92,14 +93,7 @@ class GridAligner:
         self._recovered = recovered or Recovered()
         self._reg = StreamRegistry()
         self._fronts = Fronts()
-        # Input since the last advance: each add call's columns, plus one entry per call.
-        self._p_ts: list[I64] = []
-        self._p_v: list[F64] = []
-        self._p_sid: list[int] = []
-        self._p_len: list[int] = []
-        self._p_src: list[int] = []
-        self._p_pos: list[int] = []
-        self._p_fix: list[tuple[int, Correction]] = []  # (message index, its clock correction)
+        self._pending = Pending()  # input since the last advance
         self._late_store: list[LateSamples] = []  # late samples found outside advance()
         self._held: tuple[BoolArr, BoolArr] | None = None  # who held at the last advance
         self._open = OpenSamples()  # samples of open cells
@@ -132,13 +126,35 @@ class GridAligner:
         ``correction`` maps the samples' clock-domain times onto UTC (applied to the whole
         poll at once in ``advance``); without it the times are UTC already.
         """
+        src = self._reg.sources.get(source)
+        if src is None:
+            src = self._source_id(source)
+        sid = self._series_id(node, gpu, sensor_index, src, labels)
+        ts, v = _column(ts_ns, "q"), _column(values, "d")  # before any state changes: all or nothing
+        if len(ts) != len(v):
+            raise ValueError(f"{len(ts_ns)} times but {len(values)} values")
+        self._pending.add(sid, src, position, ts, v, correction)
+
+    def add_block(self, sensor_index: int, nodes: Sequence[str], gpus: Sequence[str],
+                  labels: Sequence[Labels | None], lens: Sequence[int], ts_ns: I64, values: F64,
+                  source: Hashable, positions: Sequence[int]) -> None:
+        """``add`` for many messages of one sensor and source in UTC (a poll's, ``schemas.poll_decode``): message
+        i has ``lens[i]`` samples, back to back with the others' in ``ts_ns`` and ``values``."""
+        if not len(ts_ns) == len(values) == sum(lens) or not len(nodes) == len(gpus) == len(labels) == len(lens):
+            raise ValueError(f"{len(ts_ns)} times and {len(values)} values for {len(lens)} messages of "
+                             f"{sum(lens)} samples")
+        src = self._reg.sources.get(source)
+        if src is None:
+            src = self._source_id(source)
+        series = self._series_id
+        sids = [series(node, gpu, sensor_index, src, lab) for node, gpu, lab in zip(nodes, gpus, labels, strict=True)]
+        self._pending.add_block(sids, src, positions, lens, ts_ns, values)
+
+    def _series_id(self, node: str, gpu: str, sensor_index: int, src: int, labels: Labels | None) -> int:
         reg = self._reg
         nid = reg.nodes.get(node)
         if nid is None:
             nid = self._node_id(node)
-        src = reg.sources.get(source)
-        if src is None:
-            src = self._source_id(source)
         sid = reg.series.get((nid, gpu, sensor_index))
         if sid is None:
             prev = self._gone.counter(node, gpu, sensor_index)
@@ -146,36 +162,14 @@ class GridAligner:
                                  self._recovered.counters.get((node, gpu, sensor_index)) if prev is None else prev)
         if labels is not None:
             reg.labels[reg.s_pair[sid]] = labels
-        ts, v = _column(ts_ns, "q"), _column(values, "d")  # before any state changes: all or nothing
-        if len(ts) != len(v):
-            raise ValueError(f"{len(ts_ns)} times but {len(values)} values")
-        self._p_ts.append(ts)
-        self._p_v.append(v)
-        self._p_sid.append(sid)
-        self._p_len.append(len(ts_ns))
-        self._p_src.append(src)
-        self._p_pos.append(position)
-        if correction is not None:
-            self._p_fix.append((len(self._p_len) - 1, correction))
+        return sid
 
     def _take_pending(self) -> list[LateSamples]:
-        if not self._p_len:
+        if not self._pending:
             return []
-        lens = np.array(self._p_len, np.int64)
-        ts = np.concatenate(self._p_ts)
-        v = np.concatenate(self._p_v)
-        msg_sids = np.array(self._p_sid, np.int64)
-        msg_srcs = np.array(self._p_src, np.int64)
-        sid = np.repeat(msg_sids, lens)
-        src = np.repeat(msg_srcs, lens)
-        pos = np.repeat(np.array(self._p_pos, np.int64), lens)
-        if self._p_fix:
-            ts, unc = to_utc(ts, lens, self._p_fix)
-        else:
-            unc = np.zeros(len(ts), np.int64)
-        msg_src, msg_pos = self._p_src, self._p_pos
-        self._p_ts, self._p_v = [], []
-        self._p_sid, self._p_len, self._p_src, self._p_pos, self._p_fix = [], [], [], [], []
+        q = self._pending.take()
+        lens, ts, v, unc, sid, src, pos = q.msg_len, q.ts, q.v, q.unc, q.sid, q.src, q.pos
+        msg_sids, msg_srcs, msg_src, msg_pos = q.msg_sid, q.msg_src, q.msg_src_list, q.msg_pos_list
         reg, fronts = self._reg, self._fronts
         fronts.grow_series(len(reg.s_node))
         fronts.received(msg_sids, msg_srcs, lens, ts)
@@ -321,7 +315,7 @@ class GridAligner:
             for i, pos in enumerate(low.tolist()):
                 if pos != np.iinfo(np.int64).max:
                     out[self._reg.source_keys[i]] = pos
-        for src, pos in zip(self._p_src, self._p_pos, strict=True):
+        for src, pos in self._pending.positions():
             key = self._reg.source_keys[src]
             if pos < out.get(key, pos + 1):
                 out[key] = pos

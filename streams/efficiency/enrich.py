@@ -20,7 +20,7 @@ hand in a function that re-reads the file the user edits.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Final
 
 import numpy as np
@@ -30,7 +30,7 @@ from schemas.frames import SPIKE_SENSORS, peak_column
 from schemas.gpus import peak_tflops
 from schemas.pricebook import PriceBook
 from schemas.records import Labels, Times, Values
-from streams.align.aggregate import FrameBatch
+from streams.align.aggregate import F64, I64, FrameBatch
 from streams.align.aligner import GridAligner, Recovered
 from streams.align.correction import Correction, to_utc
 from streams.align.grid import AlignParams
@@ -143,3 +143,13 @@ class TappedAligner(GridAligner):
         super().add(node, gpu, sensor_index, ts_ns, values, labels, source, position, correction)
         if sensor_index in TAPPED:
             self._enricher.tap(node, gpu, sensor_index, ts_ns, values, correction)
+
+    def add_block(self, sensor_index: int, nodes: Sequence[str], gpus: Sequence[str],
+                  labels: Sequence[Labels | None], lens: Sequence[int], ts_ns: I64, values: F64,
+                  source: Hashable, positions: Sequence[int]) -> None:
+        super().add_block(sensor_index, nodes, gpus, labels, lens, ts_ns, values, source, positions)
+        if sensor_index in TAPPED:
+            tap, a = self._enricher.tap, 0
+            for node, gpu, n in zip(nodes, gpus, lens, strict=True):
+                tap(node, gpu, sensor_index, ts_ns[a:a + n], values[a:a + n], None)
+                a += n

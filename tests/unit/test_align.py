@@ -5,11 +5,13 @@ from __future__ import annotations
 import pickle
 import random
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.catalog import BY_NAME, CATALOG
+from schemas.records import Labels
 from streams.align.aligner import VALUE_COLUMNS, Advance, AlignParams, Frame, GridAligner, LateSamples, Recovered
 from tests.oracle import oracle
 
@@ -366,3 +368,51 @@ def test_frames_are_read_by_column_name() -> None:
         batch.column("watts")
     with pytest.raises(KeyError, match="'n_power' is not a value column"):
         f.value("n_power")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_poll_added_as_blocks_aligns_as_its_messages_added_one_by_one(seed: int) -> None:
+    """``add_block`` (a poll's messages of one sensor and source at once) gives the frames, late reports,
+    labels and commit positions of ``add`` per message: some messages come late, labels change mid-way."""
+    rng = random.Random(seed)
+    params = AlignParams(allowed_lateness_ns=GRID // 2)
+    one, block = GridAligner(params), GridAligner(params)
+    samples = make_samples(rng, nodes=2, gpus=2, seconds=8)
+    msgs = []
+    for series, pts in samples.items():
+        k = rng.randrange(1, 5)  # samples a message
+        msgs += [(series, pts[i:i + k]) for i in range(0, len(pts), k)]
+    msgs.sort(key=lambda m: m[1][0][0] + rng.randrange(3 * GRID))  # out of order across series, some late
+    pos = 0
+    for step in range(0, len(msgs), 97):  # a poll
+        poll = msgs[step:step + 97]
+        by_sensor: dict[int, list[tuple[str, str, list[tuple[int, float]], Labels | None, int]]] = {}
+        for (node, gpu, s), pts in poll:
+            pos += 1
+            labels: Labels | None = {"pod": f"p{pos // 300}"} if rng.random() < 0.3 else None
+            by_sensor.setdefault(s, []).append((node, gpu, pts, labels, pos))
+        # A poll comes a topic-partition (one sensor) at a time, as the ingest adds it: the last labels win.
+        for s, got in by_sensor.items():
+            for node, gpu, pts, labels, at in got:
+                one.add(node, gpu, s, [t for t, _ in pts], [v for _, v in pts], labels, source=f"src{s % 3}",
+                        position=at)
+        for s, got in by_sensor.items():
+            block.add_block(s, [m[0] for m in got], [m[1] for m in got], [m[3] for m in got],
+                            [len(m[2]) for m in got], np.array([t for m in got for t, _ in m[2]], np.int64),
+                            np.array([v for m in got for _, v in m[2]]), f"src{s % 3}", [m[4] for m in got])
+        assert block.oldest_positions() == one.oldest_positions()
+        a, b = one.advance(T0), block.advance(T0)
+        assert sorted(map(repr, b.frames.frames())) == sorted(map(repr, a.frames.frames()))
+        assert sorted(map(repr, b.late)) == sorted(map(repr, a.late))
+        assert block.oldest_positions() == one.oldest_positions()
+    a, b = one.flush_all(), block.flush_all()
+    assert sorted(map(repr, b.frames.frames())) == sorted(map(repr, a.frames.frames())) != []
+
+
+def test_add_block_refuses_columns_that_do_not_match_their_messages() -> None:
+    a = GridAligner(AlignParams())
+    p = BY_NAME["power"].index
+    with pytest.raises(ValueError, match="3 times and 2 values for 2 messages of 3 samples"):
+        a.add_block(p, ["n", "n"], ["0", "1"], [None, None], [1, 2], np.array([T0, T0, T0]), np.array([1.0, 2.0]),
+                    "s", [1, 2])
+    assert a.oldest_positions() == {} and not a.advance(0).frames.frames()
