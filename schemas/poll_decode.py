@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 
 from schemas.catalog import BY_NAME
 from schemas.codec import _WIRE, TimeLimits, _labels_of_raw, _Refused, decode_samples
@@ -32,17 +35,107 @@ def decode_sample_messages(raws: Sequence[bytes], sensor: str, limits: TimeLimit
     >>> got[0].ts_ns.tolist(), got[0].value.tolist(), got[0].span, got[1].reason.value, got[2].reason.value
     ([5, 9], [300.0, 310.5], (5, 9), 'missing_field', 'out_of_range')
     """
-    spec = BY_NAME.get(sensor)
     out: list[SampleBatch | Reject | None] = [None] * len(raws)
-    if spec is not None:
-        _fast_columns(raws, sensor, spec.lo, spec.hi, limits, out)
+    cols = _fast_columns(raws, sensor, limits)
+    if cols is not None:
+        for m, i in enumerate(cols.index):
+            if cols.ok[m]:
+                out[i] = cols.batch(m, sensor)
     return [got if got is not None else decode_samples(raw, sensor, limits, fast=False)
             for got, raw in zip(out, raws, strict=True)]
 
 
-def _fast_columns(raws: Sequence[bytes], sensor: str, v_lo: float, v_hi: float, limits: TimeLimits | None,
-                  out: list[SampleBatch | Reject | None]) -> None:
-    """Fill ``out`` with the batches every check accepts; the rest stay None."""
+@dataclass(frozen=True, slots=True)
+class PollBlock:
+    """The messages of a poll in UTC that every check accepted, as ``GridAligner.add_block`` takes them: message
+    ``index[k]`` of the poll has ``lens[k]`` samples, back to back with the others' in ``ts_ns`` and ``value``."""
+
+    index: list[int]
+    nodes: list[str]
+    gpus: list[str]
+    labels: list[Labels | None]
+    lens: list[int]
+    ts_ns: npt.NDArray[np.int64]
+    value: npt.NDArray[np.float64]
+
+
+EMPTY_BLOCK: Final = PollBlock([], [], [], [], [], np.zeros(0, np.int64), np.zeros(0, np.float64))
+
+
+def decode_poll(raws: Sequence[bytes], sensor: str, limits: TimeLimits | None = None
+                ) -> tuple[PollBlock, list[SampleBatch | Reject | None]]:
+    """``decode_sample_messages`` for the ingest: the accepted messages in UTC as one block, no object per message;
+    per message the rest (None where the block holds it): a clock domain's as a ``SampleBatch``, whatever the
+    fast path does not accept as ``decode_samples`` names it.
+
+    >>> ok = b'{"v": 1, "node": "n", "gpu": "0", "ts_ns": [5, 9], "value": [300, 310.5]}'
+    >>> one = b'{"v": 1, "node": "n", "gpu": "1", "ts_ns": 7, "value": 1}'
+    >>> block, rest = decode_poll([ok, b'{"v": 1}', one], "power")
+    >>> block.index, block.lens, block.ts_ns.tolist(), block.value.tolist(), rest[0], rest[1].reason.value
+    ([0, 2], [2, 1], [5, 9, 7], [300.0, 310.5, 1.0], None, 'missing_field')
+    """
+    rest: list[SampleBatch | Reject | None] = [None] * len(raws)
+    cols = _fast_columns(raws, sensor, limits)
+    block = EMPTY_BLOCK
+    if cols is not None:
+        idx, nodes, gpus, labels, lens = [], [], [], [], []
+        for m, ((i, node, gpu, clock, labs), good, n) in enumerate(zip(cols.taken, cols.ok, cols.lens, strict=True)):
+            if not good:
+                continue
+            if clock == UTC_CLOCK:
+                idx.append(i)
+                nodes.append(node)
+                gpus.append(gpu)
+                labels.append(labs)
+                lens.append(n)
+            else:
+                rest[i] = cols.batch(m, sensor)
+        if idx:
+            ts, vs = cols.ts, cols.vs
+            if len(idx) < len(cols.taken):
+                keep = np.repeat(np.array([g and t[3] == UTC_CLOCK for t, g in zip(cols.taken, cols.ok, strict=True)]),
+                                 cols.lens)
+                ts, vs = ts[keep], vs[keep]
+            block = PollBlock(idx, nodes, gpus, labels, lens, ts, vs)
+    held = set(block.index)
+    for i, raw in enumerate(raws):
+        if rest[i] is None and i not in held:
+            rest[i] = decode_samples(raw, sensor, limits, fast=False)
+    return block, rest
+
+
+@dataclass(frozen=True, slots=True)
+class _Columns:
+    """The messages the fast path parsed: per message (index, node, gpu, clock, labels), its rows in ``ts`` and
+    ``vs`` (``starts`` to ``ends``), its least and greatest stamp, and whether every check accepts it."""
+
+    taken: list[tuple[int, str, str, str, Labels | None]]
+    lens: list[int]
+    ts: npt.NDArray[np.int64]
+    vs: npt.NDArray[np.float64]
+    starts: list[int]
+    ends: list[int]
+    lo: list[int]
+    hi: list[int]
+    ok: list[bool]
+
+    @property
+    def index(self) -> list[int]:
+        return [t[0] for t in self.taken]
+
+    def batch(self, m: int, sensor: str) -> SampleBatch:
+        """The m-th parsed message as a batch whose columns are views of the poll's."""
+        _, node, gpu, clock, labels = self.taken[m]
+        a, b = self.starts[m], self.ends[m]
+        return SampleBatch(sensor, node, gpu, self.ts[a:b], self.vs[a:b], clock, labels, self.lo[m], self.hi[m])
+
+
+def _fast_columns(raws: Sequence[bytes], sensor: str, limits: TimeLimits | None) -> _Columns | None:
+    """The poll's messages that msgspec parses into the wire's shape, checked together; None if none is."""
+    spec = BY_NAME.get(sensor)
+    if spec is None:
+        return None
+    v_lo, v_hi = spec.lo, spec.hi
     ts_all, vs_all = array("q"), array("d")
     taken: list[tuple[int, str, str, str, Labels | None]] = []  # (message index, node, gpu, clock, labels)
     lens: list[int] = []
@@ -77,7 +170,7 @@ def _fast_columns(raws: Sequence[bytes], sensor: str, v_lo: float, v_hi: float, 
         taken.append((i, w.node, w.gpu, w.clock, labels))
         lens.append(len(values))
     if not taken:
-        return
+        return None
     ts, vs = np.frombuffer(ts_all, np.int64), np.frombuffer(vs_all, np.float64)
     ends = np.cumsum(np.array(lens, np.int64))
     starts = ends - lens
@@ -87,7 +180,4 @@ def _fast_columns(raws: Sequence[bytes], sensor: str, v_lo: float, v_hi: float, 
     if limits is not None:  # the time limits hold for UTC stamps only (a domain's are placed later)
         utc = np.array([clock == UTC_CLOCK for _, _, _, clock, _ in taken])
         ok &= ~utc | ((lo >= limits.now_ns - limits.max_age_ns) & (hi <= limits.now_ns + limits.max_future_ns))
-    for (i, node, gpu, clock, labels), a, b, t_lo, t_hi, good in zip(
-            taken, starts.tolist(), ends.tolist(), lo.tolist(), hi.tolist(), ok.tolist(), strict=True):
-        if good:
-            out[i] = SampleBatch(sensor, node, gpu, ts[a:b], vs[a:b], clock, labels, t_lo, t_hi)
+    return _Columns(taken, lens, ts, vs, starts.tolist(), ends.tolist(), lo.tolist(), hi.tolist(), ok.tolist())

@@ -28,7 +28,7 @@ from agents.sinks.store import FrameStore, Progress
 from schemas.catalog import CATALOG
 from schemas.codec import TimeLimits, decode_beacon, decode_k8s_event, decode_samples
 from schemas.counters import Counters
-from schemas.poll_decode import decode_sample_messages
+from schemas.poll_decode import decode_poll
 from schemas.records import UTC_CLOCK, Reject, RejectReason, SampleBatch
 from streams.align.aggregate import FrameBatch
 from streams.align.aligner import GridAligner, LateSamples, Recovered
@@ -158,33 +158,7 @@ class IngestCore:
             kind, si = self._route[tp.topic]
             stats.messages += len(records)
             if kind == _SENSOR:
-                name = CATALOG[si].name
-                waiting = self._waiting.setdefault(tp.partition, {})
-                clocks = self._clocks
-                pods = self.pods
-                decoded = self._decode_all(records, name, limits)
-                for k, rec in enumerate(records):
-                    try:  # zero cost unless it raises (3.11)
-                        res = decoded[k] if decoded is not None else decode_samples(rec.value or b"", name, limits)
-                        if isinstance(res, Reject):
-                            dlq.send(res, rec.value, rec.key, tp.topic, tp.partition, rec.offset, rec.headers)
-                            continue
-                        if pods.has(res.node):  # the Kubernetes collector knows its pods' workloads
-                            given = res.labels or {}
-                            filled = pods.fill(res.node, res.gpu, given)
-                            if filled is not given:
-                                res = dataclasses.replace(res, labels=filled)
-                        if res.clock != UTC_CLOCK:  # placed with a beacon read after it, or held for one
-                            # Its own copy: a view would keep the whole poll's columns while it waits.
-                            res = dataclasses.replace(res, ts_ns=np.array(res.ts_ns, np.int64),
-                                                      value=np.array(res.value, np.float64))
-                            clocks.offer(tp.partition, aligner, waiting, rec, res, si)
-                        else:
-                            aligner.add(res.node, res.gpu, si, res.ts_ns, res.value, res.labels, si, rec.offset)
-                            waiting[(si, rec.offset)] = rec
-                        stats.samples += len(res.ts_ns)
-                    except Exception as exc:
-                        self._internal_error(exc, rec, tp)
+                self._sensor_records(tp, records, si, aligner, limits)
             elif kind == _EVENTS:
                 done = self._progress.events_done.get((tp.topic, tp.partition), -1)
                 for rec in records:
@@ -214,14 +188,61 @@ class IngestCore:
         self.dirty = True
         return read
 
-    def _decode_all(self, records: Sequence[Record], name: str, limits: TimeLimits
-                    ) -> list[SampleBatch | Reject] | None:
-        """The partition's sample messages of this poll decoded together; None if that tripped a bug of ours,
-        and then each record is decoded alone (and dead-lettered alone if it trips it again)."""
+    def _sensor_records(self, tp: TopicPartition, records: Sequence[Record], si: int, aligner: GridAligner,
+                        limits: TimeLimits) -> None:
+        """A partition's sample messages of this poll: the accepted ones in UTC placed as one block, the rest one by
+        one (a clock domain's, and the rejects, dead-lettered)."""
+        name = CATALOG[si].name
+        waiting = self._waiting.setdefault(tp.partition, {})
         try:
-            return decode_sample_messages([rec.value or b"" for rec in records], name, limits)
-        except Exception:
-            return None
+            block, rest = decode_poll([rec.value or b"" for rec in records], name, limits)
+        except Exception:  # a bug of ours: each record decoded alone (and dead-lettered alone if it trips it again)
+            for rec in records:
+                self._sensor_record(tp, rec, None, si, aligner, waiting, limits)
+            return
+        for rec, got in zip(records, rest, strict=True):
+            if got is not None:
+                self._sensor_record(tp, rec, got, si, aligner, waiting, limits)
+        if not block.index:
+            return
+        try:
+            pods, labels = self.pods, block.labels
+            if pods.known:  # the Kubernetes collector knows some nodes' pods and their workloads
+                labels = [pods.filled(node, gpu, lab) for node, gpu, lab in zip(block.nodes, block.gpus, labels,
+                                                                                  strict=True)]
+            offsets = [records[i].offset for i in block.index]
+            aligner.add_block(si, block.nodes, block.gpus, labels, block.lens, block.ts_ns, block.value, si, offsets)
+        except Exception:  # a bug of ours in the block: its records one by one, as a poll that tripped the decode
+            for i in block.index:
+                self._sensor_record(tp, records[i], None, si, aligner, waiting, limits)
+            return
+        for i in block.index:
+            waiting[(si, records[i].offset)] = records[i]
+        self.stats.samples += len(block.ts_ns)
+
+    def _sensor_record(self, tp: TopicPartition, rec: Record, res: SampleBatch | Reject | None, si: int,
+                       aligner: GridAligner, waiting: dict[tuple[int, int], Record], limits: TimeLimits) -> None:
+        """One sample message, decoded already (``res``) or here."""
+        try:  # zero cost unless it raises (3.11)
+            if res is None:
+                res = decode_samples(rec.value or b"", CATALOG[si].name, limits)
+            if isinstance(res, Reject):
+                self._dlq.send(res, rec.value, rec.key, tp.topic, tp.partition, rec.offset, rec.headers)
+                return
+            labels = self.pods.filled(res.node, res.gpu, res.labels)
+            if labels is not res.labels:
+                res = dataclasses.replace(res, labels=labels)
+            if res.clock != UTC_CLOCK:  # placed with a beacon read after it, or held for one
+                # Its own copy: a view would keep the whole poll's columns while it waits.
+                res = dataclasses.replace(res, ts_ns=np.array(res.ts_ns, np.int64),
+                                          value=np.array(res.value, np.float64))
+                self._clocks.offer(tp.partition, aligner, waiting, rec, res, si)
+            else:
+                aligner.add(res.node, res.gpu, si, res.ts_ns, res.value, res.labels, si, rec.offset)
+                waiting[(si, rec.offset)] = rec
+            self.stats.samples += len(res.ts_ns)
+        except Exception as exc:
+            self._internal_error(exc, rec, tp)
 
     def _internal_error(self, exc: Exception, rec: Record, tp: TopicPartition) -> None:
         """A record that tripped a bug of ours: dead-lettered with the exception, the worker goes on

@@ -59,7 +59,7 @@ True
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import numpy as np
@@ -102,6 +102,29 @@ class SpikeEngine:
             raise ValueError("ts_ns and values must be 1-d arrays of the same length")
         if ts.size == 0:
             return
+        s = self._series_of(node, gpu, sensor)
+        if ts.size <= _SMALL:
+            self._add_few(s, ts.tolist(), vs.tolist())
+        else:
+            self._add_many(s, ts, vs)
+        self._bound(s)
+
+    def add_block(self, nodes: Sequence[str], gpus: Sequence[str], sensor: str, lens: Sequence[int],
+                  ts_ns: npt.NDArray[np.int64], values: npt.NDArray[np.float64]) -> None:
+        """``add`` for several series of ``sensor`` at once: series i's ``lens[i]`` samples lie back to back."""
+        tl, vl = ts_ns.tolist(), values.tolist()
+        a = 0
+        for node, gpu, n in zip(nodes, gpus, lens, strict=True):
+            if n:
+                s = self._series_of(node, gpu, sensor)
+                if n <= _SMALL:
+                    self._add_few(s, tl[a:a + n], vl[a:a + n])
+                else:
+                    self._add_many(s, ts_ns[a:a + n], values[a:a + n])
+                self._bound(s)
+            a += n
+
+    def _series_of(self, node: str, gpu: str, sensor: str) -> BucketSeries:
         key = (node, gpu, sensor)
         s = self._series.get(key)
         if s is None:
@@ -111,10 +134,9 @@ class SpikeEngine:
                 self.evicted_series += 1
         else:
             self._series.move_to_end(key)
-        if ts.size <= _SMALL:
-            self._add_few(s, ts.tolist(), vs.tolist())
-        else:
-            self._add_many(s, ts, vs)
+        return s
+
+    def _bound(self, s: BucketSeries) -> None:
         if len(s.vals) > self._keep + self._keep // 4 + 1:  # amortised: purge once a quarter past the bound
             s.purge(s.newest - self._keep)
 

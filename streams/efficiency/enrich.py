@@ -94,6 +94,16 @@ class Enricher:
         if kind is not None and self.subticks is not None:
             self.subticks.add(node, gpu, kind, ts, vs)
 
+    def tap_block(self, nodes: Sequence[str], gpus: Sequence[str], sensor_index: int, lens: Sequence[int],
+                  ts_ns: I64, values: F64) -> None:
+        """``tap`` for several GPUs' samples in UTC at once, back to back (``GridAligner.add_block``'s columns)."""
+        name = SPIKE_SENSOR_INDEX.get(sensor_index)
+        kind = SUB_SENSOR_INDEX.get(sensor_index)
+        if name is not None:
+            self.spikes.add_block(nodes, gpus, name, lens, ts_ns, values)
+        if kind is not None and self.subticks is not None:
+            self.subticks.add_block(nodes, gpus, kind, lens, ts_ns, values)
+
     def enrich(self, batch: FrameBatch) -> FrameBatch:
         if not len(batch):
             return batch
@@ -149,7 +159,4 @@ class TappedAligner(GridAligner):
                   source: Hashable, positions: Sequence[int]) -> None:
         super().add_block(sensor_index, nodes, gpus, labels, lens, ts_ns, values, source, positions)
         if sensor_index in TAPPED:
-            tap, a = self._enricher.tap, 0
-            for node, gpu, n in zip(nodes, gpus, lens, strict=True):
-                tap(node, gpu, sensor_index, ts_ns[a:a + n], values[a:a + n], None)
-                a += n
+            self._enricher.tap_block(nodes, gpus, sensor_index, lens, ts_ns, values)

@@ -64,7 +64,7 @@ class SubTicks:
         self._dead: list[int] = []  # ids of evicted GPUs whose buckets the next fold drops
         self._released = np.zeros(0, np.int64)  # per id: no bucket below this is held once folded
         # The queue: per message, its id, kind, stamps and values
-        self._queue: list[tuple[int, int, I64, F64]] = []
+        self._queue: list[tuple[I64, int, I64, F64]] = []  # (id per sample, kind, ...)
         self._queued = 0
         self._keys = np.zeros(0, np.int64)
         self._sums = np.zeros((0, 6), np.float64)
@@ -72,13 +72,28 @@ class SubTicks:
 
     def add(self, node: str, gpu: str, kind: int, ts_ns: I64, values: F64) -> None:
         """Queue one GPU's ``kind`` samples (any order; NaN values are skipped)."""
-        key = (node, gpu)
-        sid = self._ids.get(key)
-        if sid is None:
-            sid = self._new_id(key)
-        else:
-            self._ids.move_to_end(key)
-        self._queue.append((sid, kind, ts_ns, values))
+        self.add_block([node], [gpu], kind, [len(ts_ns)], ts_ns, values)
+
+    def add_block(self, nodes: Sequence[str], gpus: Sequence[str], kind: int, lens: Sequence[int], ts_ns: I64,
+                  values: F64) -> None:
+        """``add`` for several GPUs' ``kind`` samples at once: GPU i's ``lens[i]`` lie back to back with the others'."""
+        ids = self._ids
+        if len(nodes) > 1 and len(ids) + len(nodes) > self.max_series:
+            # A new GPU may evict one whose id this block already took: one at a time, each queued before the next.
+            a = 0
+            for node, gpu, n in zip(nodes, gpus, lens, strict=True):
+                self.add_block([node], [gpu], kind, [n], ts_ns[a:a + n], values[a:a + n])
+                a += n
+            return
+        sids = []
+        for key in zip(nodes, gpus, strict=True):
+            sid = ids.get(key)
+            if sid is None:
+                sid = self._new_id(key)
+            else:
+                ids.move_to_end(key)
+            sids.append(sid)
+        self._queue.append((np.repeat(np.array(sids, np.int64), lens), kind, ts_ns, values))
         self._queued += len(ts_ns)
         if self._queued >= self.fold_samples:
             self._fold()
@@ -102,7 +117,7 @@ class SubTicks:
     def _fold(self) -> None:
         """Fold the queue into the held sums; drop what is released, evicted or behind the floor."""
         if self._queue:
-            sids = np.concatenate([np.full(len(t), sid, np.int64) for sid, _, t, _ in self._queue])
+            sids = np.concatenate([sid for sid, _, _, _ in self._queue])
             cols = np.concatenate([np.full(len(t), 2 * kind, np.int64) for _, kind, t, _ in self._queue])
             ts = np.concatenate([t for _, _, t, _ in self._queue])
             vs = np.concatenate([v for _, _, _, v in self._queue])

@@ -88,6 +88,19 @@ class PodLabelBook:
     def has(self, node: str) -> bool:
         return bool(self._nodes.get(node))
 
+    @property
+    def known(self) -> bool:
+        """Whether any node's pods are known (until then every ``filled`` is a no-op)."""
+        return bool(self._nodes)
+
+    def filled(self, node: str, gpu: str, labels: Labels | None) -> Labels | None:
+        """``fill`` for a sample message's labels, which may be absent: the same object when nothing is added."""
+        if not self.has(node):
+            return labels
+        given = labels or {}
+        got = self.fill(node, gpu, given)
+        return labels if got is given else got
+
     def fill(self, node: str, gpu: str, labels: Labels) -> Labels:
         """``labels`` with the GPU's pod's labels added where missing (the same object when nothing is known)."""
         pods = self._nodes.get(node)

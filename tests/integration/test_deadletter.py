@@ -130,7 +130,7 @@ def test_a_record_that_trips_a_bug_is_dead_lettered_and_the_worker_goes_on(
             raise KeyError("simulated")
         return real_event(raw)
 
-    real_poll = core.decode_sample_messages  # type: ignore[attr-defined]
+    real_poll = core.decode_poll  # type: ignore[attr-defined]
 
     def poll_with_bug(raws: list[bytes], sensor: str, limits: object = None) -> object:
         if any(b"trips-a-bug" in raw for raw in raws):  # the poll's decode trips: each record is decoded alone
@@ -138,7 +138,7 @@ def test_a_record_that_trips_a_bug_is_dead_lettered_and_the_worker_goes_on(
         return real_poll(raws, sensor, limits)  # type: ignore[arg-type]
 
     monkeypatch.setattr(core, "decode_samples", samples_with_bug)
-    monkeypatch.setattr(core, "decode_sample_messages", poll_with_bug)
+    monkeypatch.setattr(core, "decode_poll", poll_with_bug)
     monkeypatch.setattr(core, "decode_k8s_event", event_with_bug)
     duration = 8.0
     now = time.time_ns()

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
 import orjson
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from schemas.codec import TimeLimits, _fast, _Refused, _samples, decode_samples
-from schemas.poll_decode import decode_sample_messages
+from schemas.poll_decode import decode_poll, decode_sample_messages
 from schemas.records import Reject, SampleBatch
 
 NOW = 1_800_000_000_000_000_000
@@ -106,6 +107,28 @@ def test_a_poll_decoded_together_gives_what_each_message_gives_alone(raws: list[
     for got in together:
         if isinstance(got, SampleBatch):
             assert min(got.ts_ns) == got.span[0] and max(got.ts_ns) == got.span[1]
+
+
+@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(messages(), max_size=8), st.sampled_from(["power", "power", "gpu_util", "nope"]))
+def test_the_ingest_block_and_the_rest_give_what_each_message_gives_alone(raws: list[bytes], sensor: str) -> None:
+    """``decode_poll`` (the ingest's form: accepted UTC messages as one block, the rest per message) against the lone
+    decode: each message is in exactly one of the two, with the same columns, labels and rejects."""
+    block, rest = decode_poll(raws, sensor, LIMITS)
+    assert len(block.ts_ns) == len(block.value) == sum(block.lens)
+    ends = np.cumsum(block.lens).tolist()
+    in_block = {i: (n, g, lab, block.ts_ns[e - k:e].tolist(), block.value[e - k:e].tolist())
+                for i, n, g, lab, k, e in zip(block.index, block.nodes, block.gpus, block.labels, block.lens, ends,
+                                              strict=True)}
+    for i, raw in enumerate(raws):
+        alone = decode_samples(raw, sensor, LIMITS)
+        if i in in_block:
+            assert rest[i] is None and isinstance(alone, SampleBatch) and alone.clock == "utc"
+            assert in_block[i] == (alone.node, alone.gpu, alone.labels, list(alone.ts_ns), list(alone.value))
+        else:
+            got = rest[i]
+            assert got is not None and plain(got) == plain(alone)
+            assert not (isinstance(got, SampleBatch) and got.clock == "utc")
 
 
 def test_a_poll_without_time_limits_and_with_domain_clocks() -> None:

@@ -18,7 +18,7 @@ from agents.settings import load_settings
 from agents.sinks.clickhouse import Backend
 from agents.sinks.store import FrameStore, Progress
 from schemas.records import Reject
-from streams.align.aligner import Recovered
+from streams.align.aligner import GridAligner, Recovered
 
 S = 1_000_000_000
 T0 = 1_796_200_000 * S
@@ -87,7 +87,7 @@ def test_bad_records_and_bugs_are_dead_lettered_and_the_rest_goes_on(monkeypatch
             raise ZeroDivisionError("simulated")
         return real(raw, sensor, limits)  # type: ignore[arg-type]
 
-    real_all = core_module.decode_sample_messages  # type: ignore[attr-defined]
+    real_all = core_module.decode_poll  # type: ignore[attr-defined]
 
     def buggy_all(raws: list[bytes], sensor: str, limits: object = None) -> object:
         if any(b"301.0" in raw for raw in raws):  # the poll's decode trips too: each record is decoded alone
@@ -95,7 +95,7 @@ def test_bad_records_and_bugs_are_dead_lettered_and_the_rest_goes_on(monkeypatch
         return real_all(raws, sensor, limits)  # type: ignore[arg-type]
 
     monkeypatch.setattr(core_module, "decode_samples", buggy)
-    monkeypatch.setattr(core_module, "decode_sample_messages", buggy_all)
+    monkeypatch.setattr(core_module, "decode_poll", buggy_all)
     bad = ConsumerRecord(POWER, 0, 3, 0, 0, b"n0", b"{not json", None, 1, 9, [])
     core.handle({TopicPartition(POWER, 0): [rec(POWER, 0, 0, 300.0), rec(POWER, 1, 0.1, 301.0),
                                             rec(POWER, 2, 0.2, 302.0), bad]})
@@ -104,6 +104,27 @@ def test_bad_records_and_bugs_are_dead_lettered_and_the_rest_goes_on(monkeypatch
     core.drain()
     (frame,) = [f for b in store.detach().batches for f in b.frames()]
     assert frame.value("power") == 301.0 and frame.count("n_power") == 2
+
+
+def test_a_bug_in_placing_a_polls_block_falls_back_to_its_records_one_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The accepted UTC messages of a poll are placed as one block; should that trip a bug of ours, each of them is
+    placed alone instead, so no sample is lost and none is counted twice."""
+    frames = {}
+    for broken in (False, True):
+        core, store, letters, _ = make()
+        if broken:
+            def trip(*args: object) -> None:
+                raise ZeroDivisionError("simulated")
+
+            monkeypatch.setattr(GridAligner, "add_block", trip)
+        bad = ConsumerRecord(POWER, 0, 4, 0, 0, b"n0", b"{not json", None, 1, 9, [])
+        core.handle({TopicPartition(POWER, 0): [*(rec(POWER, i, i * 0.3, 300.0 + i) for i in range(4)), bad],
+                     TopicPartition(UTIL, 0): [rec(UTIL, 0, 0.2, 50.0)]})
+        assert letters.sent == [("malformed_json", POWER, 4)] and core.stats.samples == 5
+        core.drain()
+        frames[broken] = [f for b in store.detach().batches for f in b.frames()]
+    assert frames[True] == frames[False]
+    assert [(f.count("n_power"), f.value("power"), f.count("n_gpu_util")) for f in frames[False]] == [(4, 301.5, 1)]
 
 
 def test_a_sample_behind_a_written_cell_is_late_and_named() -> None:

@@ -350,3 +350,29 @@ def test_any_mix_of_message_sizes_reads_the_peaks_the_raw_samples_give(seed: int
             closed += 1
     for at in ts[vs == 99.0]:
         assert int(at) // S in flagged or int(at) // S + 1 in flagged
+
+
+def test_a_block_of_series_gives_what_their_messages_give_one_by_one() -> None:
+    """``add_block`` (a poll's messages of one sensor, back to back) against ``add`` per message: small messages take
+    the list path, large ones numpy's, some carry NaN; every series' peaks are the same."""
+    rng = np.random.default_rng(5)
+    series = {g: load(20, spikes_at_ms=[int(x) for x in rng.integers(0, 19_000, 3)], seed=g, rate_hz=20)
+              for g in range(4)}
+    one, block = SpikeEngine(SpikeParams(), GRID), SpikeEngine(SpikeParams(), GRID)
+    cut = {g: 0 for g in series}
+    while any(cut[g] < len(series[g][0]) for g in series):
+        gpus, lens, ts, vs = [], [], [], []
+        for g in rng.permutation(4).tolist():
+            n = int(rng.choice([0, 1, 3, 40]))
+            t, v = series[g][0][cut[g]:cut[g] + n], series[g][1][cut[g]:cut[g] + n].copy()
+            v[rng.random(len(v)) < 0.05] = np.nan
+            cut[g] += n
+            one.add("n", str(g), "gpu_util", t, v)
+            gpus.append(str(g))
+            lens.append(len(t))
+            ts.append(t)
+            vs.append(v)
+        block.add_block(["n"] * 4, gpus, "gpu_util", lens, np.concatenate(ts), np.concatenate(vs))
+    peaks = {g: [one.tick_peak("n", str(g), "gpu_util", t * S) for t in range(20)] for g in series}
+    assert all(any(p is not None for p in ps) for ps in peaks.values())
+    assert {g: [block.tick_peak("n", str(g), "gpu_util", t * S) for t in range(20)] for g in series} == peaks

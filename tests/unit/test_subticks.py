@@ -145,3 +145,25 @@ def test_gpus_beyond_the_bound_give_their_ids_and_buckets_back() -> None:
                      np.array([104.0, 105.0]))
     assert prof == [pytest.approx([1e12] * 10)] * 2  # each GPU's own power: no sums mixed by a reused id
     assert sub.buckets_held() == 0
+
+
+@pytest.mark.parametrize("max_series", [2, 64])  # 2: new GPUs evict ones the same block fed
+def test_a_block_of_gpus_gives_what_their_messages_give_one_by_one(max_series: int) -> None:
+    rng = np.random.default_rng(max_series)
+    one, block = SubTicks(B, S, max_series=max_series), SubTicks(B, S, max_series=max_series)
+    for _ in range(20):  # a poll of one sensor
+        kind = int(rng.choice([POWER, SM, TENSOR]))
+        gpus = [str(g) for g in rng.integers(0, 5, rng.integers(1, 6))]
+        lens = rng.integers(0, 4, len(gpus)).tolist()
+        t = np.concatenate([ts(float(rng.integers(0, 3)), n) for n in lens]).astype(np.int64)
+        v = np.where(rng.random(len(t)) < 0.1, np.nan, rng.uniform(0.1, 500.0, len(t)))
+        a = 0
+        for g, n in zip(gpus, lens, strict=True):
+            one.add("n", g, kind, t[a:a + n], v[a:a + n])
+            a += n
+        block.add_block(["n"] * len(gpus), gpus, kind, lens, t, v)
+    assert block.buckets_held() == one.buckets_held() > 0
+    for g in map(str, range(5)):
+        assert block.buckets_of("n", g) == one.buckets_of("n", g)
+        for tick in range(3):
+            assert block.profile("n", g, tick * S, 1e12, 0.5, 300.0) == one.profile("n", g, tick * S, 1e12, 0.5, 300.0)
