@@ -9,6 +9,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress
 from typing import Final
 
 import msgspec
@@ -38,8 +39,8 @@ def decode_sample_messages(raws: Sequence[bytes], sensor: str, limits: TimeLimit
     out: list[SampleBatch | Reject | None] = [None] * len(raws)
     cols = _fast_columns(raws, sensor, limits)
     if cols is not None:
-        for m, i in enumerate(cols.index):
-            if cols.ok[m]:
+        for m, (i, good) in enumerate(zip(cols.index, cols.ok, strict=True)):
+            if good:
                 out[i] = cols.batch(m, sensor)
     return [got if got is not None else decode_samples(raw, sensor, limits, fast=False)
             for got, raw in zip(out, raws, strict=True)]
@@ -75,28 +76,22 @@ def decode_poll(raws: Sequence[bytes], sensor: str, limits: TimeLimits | None = 
     ([0, 2], [2, 1], [5, 9, 7], [300.0, 310.5, 1.0], None, 'missing_field')
     """
     rest: list[SampleBatch | Reject | None] = [None] * len(raws)
-    cols = _fast_columns(raws, sensor, limits)
+    c = _fast_columns(raws, sensor, limits)
     block = EMPTY_BLOCK
-    if cols is not None:
-        idx, nodes, gpus, labels, lens = [], [], [], [], []
-        for m, ((i, node, gpu, clock, labs), good, n) in enumerate(zip(cols.taken, cols.ok, cols.lens, strict=True)):
-            if not good:
-                continue
-            if clock == UTC_CLOCK:
-                idx.append(i)
-                nodes.append(node)
-                gpus.append(gpu)
-                labels.append(labs)
-                lens.append(n)
-            else:
-                rest[i] = cols.batch(m, sensor)
-        if idx:
-            ts, vs = cols.ts, cols.vs
-            if len(idx) < len(cols.taken):
-                keep = np.repeat(np.array([g and t[3] == UTC_CLOCK for t, g in zip(cols.taken, cols.ok, strict=True)]),
-                                 cols.lens)
-                ts, vs = ts[keep], vs[keep]
-            block = PollBlock(idx, nodes, gpus, labels, lens, ts, vs)
+    if c is not None:
+        utc = [clock == UTC_CLOCK for clock in c.clocks]
+        take = [u and g for u, g in zip(utc, c.ok, strict=True)]
+        if all(take):  # the usual poll: every message in the block, as parsed
+            block = PollBlock(c.index, c.nodes, c.gpus, c.labels, c.lens, c.ts, c.vs)
+        else:
+            for m, (u, g) in enumerate(zip(utc, c.ok, strict=True)):
+                if g and not u:
+                    rest[c.index[m]] = c.batch(m, sensor)
+            if any(take):
+                keep = np.repeat(np.array(take), c.lens)
+                block = PollBlock(list(compress(c.index, take)), list(compress(c.nodes, take)),
+                                  list(compress(c.gpus, take)), list(compress(c.labels, take)),
+                                  list(compress(c.lens, take)), c.ts[keep], c.vs[keep])
     held = set(block.index)
     for i, raw in enumerate(raws):
         if rest[i] is None and i not in held:
@@ -106,10 +101,15 @@ def decode_poll(raws: Sequence[bytes], sensor: str, limits: TimeLimits | None = 
 
 @dataclass(frozen=True, slots=True)
 class _Columns:
-    """The messages the fast path parsed: per message (index, node, gpu, clock, labels), its rows in ``ts`` and
-    ``vs`` (``starts`` to ``ends``), its least and greatest stamp, and whether every check accepts it."""
+    """The messages the fast path parsed, in parallel lists (their place in the poll, node, gpu, clock, labels and
+    sample count), their rows in ``ts`` and ``vs`` (``starts`` to ``ends``), least and greatest stamps, and
+    whether every check accepts each."""
 
-    taken: list[tuple[int, str, str, str, Labels | None]]
+    index: list[int]
+    nodes: list[str]
+    gpus: list[str]
+    clocks: list[str]
+    labels: list[Labels | None]
     lens: list[int]
     ts: npt.NDArray[np.int64]
     vs: npt.NDArray[np.float64]
@@ -119,15 +119,11 @@ class _Columns:
     hi: list[int]
     ok: list[bool]
 
-    @property
-    def index(self) -> list[int]:
-        return [t[0] for t in self.taken]
-
     def batch(self, m: int, sensor: str) -> SampleBatch:
         """The m-th parsed message as a batch whose columns are views of the poll's."""
-        _, node, gpu, clock, labels = self.taken[m]
         a, b = self.starts[m], self.ends[m]
-        return SampleBatch(sensor, node, gpu, self.ts[a:b], self.vs[a:b], clock, labels, self.lo[m], self.hi[m])
+        return SampleBatch(sensor, self.nodes[m], self.gpus[m], self.ts[a:b], self.vs[a:b], self.clocks[m],
+                           self.labels[m], self.lo[m], self.hi[m])
 
 
 def _fast_columns(raws: Sequence[bytes], sensor: str, limits: TimeLimits | None) -> _Columns | None:
@@ -137,7 +133,11 @@ def _fast_columns(raws: Sequence[bytes], sensor: str, limits: TimeLimits | None)
         return None
     v_lo, v_hi = spec.lo, spec.hi
     ts_all, vs_all = array("q"), array("d")
-    taken: list[tuple[int, str, str, str, Labels | None]] = []  # (message index, node, gpu, clock, labels)
+    index: list[int] = []
+    nodes: list[str] = []
+    gpus: list[str] = []
+    clocks: list[str] = []
+    labels: list[Labels | None] = []
     lens: list[int] = []
     decode = _WIRE.decode
     for i, raw in enumerate(raws):
@@ -149,27 +149,36 @@ def _fast_columns(raws: Sequence[bytes], sensor: str, limits: TimeLimits | None)
                 or (w.sensor is not None and w.sensor != sensor):
             continue
         values, stamps = w.value, w.ts_ns
+        try:
+            labs = _labels_of_raw(bytes(w.labels))
+        except _Refused:
+            continue
         if type(values) is list:
             if type(stamps) is not list or len(stamps) != len(values) or not values:
                 continue
+            n = len(ts_all)
+            try:
+                ts_all.extend(stamps)
+            except OverflowError:  # beyond int64: the checked path says so
+                del ts_all[n:]
+                continue
+            vs_all.extend(values)
+            lens.append(len(values))
         elif type(stamps) is list:
             continue
         else:
-            values, stamps = [values], [stamps]  # type: ignore[list-item]
-        try:
-            labels = _labels_of_raw(bytes(w.labels))
-        except _Refused:
-            continue
-        n = len(ts_all)
-        try:
-            ts_all.extend(stamps)
-        except OverflowError:  # beyond int64: the checked path says so
-            del ts_all[n:]
-            continue
-        vs_all.extend(values)
-        taken.append((i, w.node, w.gpu, w.clock, labels))
-        lens.append(len(values))
-    if not taken:
+            try:
+                ts_all.append(stamps)  # type: ignore[arg-type]
+            except OverflowError:
+                continue
+            vs_all.append(values)  # type: ignore[arg-type]
+            lens.append(1)
+        index.append(i)
+        nodes.append(w.node)
+        gpus.append(w.gpu)
+        clocks.append(w.clock)
+        labels.append(labs)
+    if not index:
         return None
     ts, vs = np.frombuffer(ts_all, np.int64), np.frombuffer(vs_all, np.float64)
     ends = np.cumsum(np.array(lens, np.int64))
@@ -178,6 +187,7 @@ def _fast_columns(raws: Sequence[bytes], sensor: str, limits: TimeLimits | None)
     # No NaN comes through JSON, so each message's least and greatest value bound all of them.
     ok = (np.minimum.reduceat(vs, starts) >= v_lo) & (np.maximum.reduceat(vs, starts) <= v_hi)
     if limits is not None:  # the time limits hold for UTC stamps only (a domain's are placed later)
-        utc = np.array([clock == UTC_CLOCK for _, _, _, clock, _ in taken])
+        utc = np.array([clock == UTC_CLOCK for clock in clocks])
         ok &= ~utc | ((lo >= limits.now_ns - limits.max_age_ns) & (hi <= limits.now_ns + limits.max_future_ns))
-    return _Columns(taken, lens, ts, vs, starts.tolist(), ends.tolist(), lo.tolist(), hi.tolist(), ok.tolist())
+    return _Columns(index, nodes, gpus, clocks, labels, lens, ts, vs, starts.tolist(), ends.tolist(), lo.tolist(),
+                    hi.tolist(), ok.tolist())
