@@ -157,6 +157,8 @@ class TappedAligner(GridAligner):
     def add_block(self, sensor_index: int, nodes: Sequence[str], gpus: Sequence[str],
                   labels: Sequence[Labels | None], lens: Sequence[int], ts_ns: I64, values: F64,
                   source: Hashable, positions: Sequence[int]) -> None:
-        super().add_block(sensor_index, nodes, gpus, labels, lens, ts_ns, values, source, positions)
+        # The tap first: should either raise, the caller places the block's records one by one, and samples the
+        # aligner had already queued would count twice (a tap seeing some twice only repeats equal samples).
         if sensor_index in TAPPED:
             self._enricher.tap_block(nodes, gpus, sensor_index, lens, ts_ns, values)
+        super().add_block(sensor_index, nodes, gpus, labels, lens, ts_ns, values, source, positions)

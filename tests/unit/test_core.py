@@ -127,6 +127,35 @@ def test_a_bug_in_placing_a_polls_block_falls_back_to_its_records_one_by_one(mon
     assert [(f.count("n_power"), f.value("power"), f.count("n_gpu_util")) for f in frames[False]] == [(4, 301.5, 1)]
 
 
+def test_a_bug_in_the_enrichers_tap_of_a_block_counts_no_sample_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With derive on the block also goes to the spike engine's tap; should that raise, the aligner has queued
+    nothing yet, so placing the records one by one holds each sample once (the frames would hide a second copy:
+    aggregation drops exact duplicates, a redelivery's)."""
+    from agents.ingest.pricebook_file import PriceBookFile
+    from streams.efficiency.enrich import Enricher
+
+    frames = {}
+    for broken in (False, True):
+        store = FrameStore(cast(Backend, None))
+        clock = ManualClock(wall_ns=T0 + 2 * S, mono_ns=0)
+        enricher = Enricher(PriceBookFile(None, clock).current, SETTINGS.align_params().grid_ns)
+        if broken:
+            def trip(*args: object) -> None:
+                raise ZeroDivisionError("simulated")
+
+            monkeypatch.setattr(enricher, "tap_block", trip)
+        core = IngestCore(SETTINGS, store, Letters(), clock, enricher)
+        core.assign([TopicPartition(t, 0) for t in TOPICS.inputs], Progress(Recovered()))
+        core.handle({TopicPartition(UTIL, 0): [rec(UTIL, i, i * 0.1, 50.0 + i) for i in range(10)]})
+        core.advance({})  # places the queue; the watermark closes nothing yet
+        assert core.stats.samples == 10 and core.stats.internal_errors == 0
+        assert core._aligners[0].open_samples() == 10
+        core.drain()
+        frames[broken] = [f for b in store.detach().batches for f in b.frames()]
+    assert [(f.count("n_gpu_util"), f.value("gpu_util")) for f in frames[True]] == [(10, 54.5)]
+    assert frames[True] == frames[False]
+
+
 def test_a_sample_behind_a_written_cell_is_late_and_named() -> None:
     core, store, letters, clock = make()
     core.handle({TopicPartition(POWER, 0): [rec(POWER, i, i, 300.0) for i in range(5)]})
