@@ -42,8 +42,7 @@ def decode_sample_messages(raws: Sequence[bytes], sensor: str, limits: TimeLimit
         for m, (i, good) in enumerate(zip(cols.index, cols.ok, strict=True)):
             if good:
                 out[i] = cols.batch(m, sensor)
-    return [got if got is not None else decode_samples(raw, sensor, limits, fast=False)
-            for got, raw in zip(out, raws, strict=True)]
+    return _checked_rest(raws, sensor, limits, out, set())  # type: ignore[return-value]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,24 +78,23 @@ def decode_poll(raws: Sequence[bytes], sensor: str, limits: TimeLimits | None = 
     c = _fast_columns(raws, sensor, limits)
     block = EMPTY_BLOCK
     if c is not None:
-        utc = [clock == UTC_CLOCK for clock in c.clocks]
-        take = [u and g for u, g in zip(utc, c.ok, strict=True)]
-        if all(take):  # the usual poll: every message in the block, as parsed
-            block = PollBlock(c.index, c.nodes, c.gpus, c.labels, c.lens, c.ts, c.vs)
-        else:
-            for m, (u, g) in enumerate(zip(utc, c.ok, strict=True)):
-                if g and not u:
-                    rest[c.index[m]] = c.batch(m, sensor)
-            if any(take):
-                keep = np.repeat(np.array(take), c.lens)
-                block = PollBlock(list(compress(c.index, take)), list(compress(c.nodes, take)),
-                                  list(compress(c.gpus, take)), list(compress(c.labels, take)),
-                                  list(compress(c.lens, take)), c.ts[keep], c.vs[keep])
-    held = set(block.index)
+        take = [u and g for u, g in zip(c.utc, c.ok, strict=True)]
+        for m, (u, g) in enumerate(zip(c.utc, c.ok, strict=True)):
+            if g and not u:
+                rest[c.index[m]] = c.batch(m, sensor)
+        if any(take):
+            block = c.block(take)
+    return block, _checked_rest(raws, sensor, limits, rest, set(block.index))
+
+
+def _checked_rest(raws: Sequence[bytes], sensor: str, limits: TimeLimits | None,
+                  got: list[SampleBatch | Reject | None], held: set[int]) -> list[SampleBatch | Reject | None]:
+    """``got`` with each message neither decoded yet nor ``held`` by a block taken by the checked path, which
+    names its reason."""
     for i, raw in enumerate(raws):
-        if rest[i] is None and i not in held:
-            rest[i] = decode_samples(raw, sensor, limits, fast=False)
-    return block, rest
+        if got[i] is None and i not in held:
+            got[i] = decode_samples(raw, sensor, limits, fast=False)
+    return got
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +107,7 @@ class _Columns:
     nodes: list[str]
     gpus: list[str]
     clocks: list[str]
+    utc: list[bool]  # per message, whether its clock is UTC
     labels: list[Labels | None]
     lens: list[int]
     ts: npt.NDArray[np.int64]
@@ -124,6 +123,15 @@ class _Columns:
         a, b = self.starts[m], self.ends[m]
         return SampleBatch(sensor, self.nodes[m], self.gpus[m], self.ts[a:b], self.vs[a:b], self.clocks[m],
                            self.labels[m], self.lo[m], self.hi[m])
+
+    def block(self, take: list[bool]) -> PollBlock:
+        """The messages ``take`` marks, as the ingest's block; all of them as parsed when it marks all."""
+        if all(take):  # the usual poll
+            return PollBlock(self.index, self.nodes, self.gpus, self.labels, self.lens, self.ts, self.vs)
+        keep = np.repeat(np.array(take), self.lens)
+        return PollBlock(list(compress(self.index, take)), list(compress(self.nodes, take)),
+                         list(compress(self.gpus, take)), list(compress(self.labels, take)),
+                         list(compress(self.lens, take)), self.ts[keep], self.vs[keep])
 
 
 def _fast_columns(raws: Sequence[bytes], sensor: str, limits: TimeLimits | None) -> _Columns | None:
@@ -186,8 +194,9 @@ def _fast_columns(raws: Sequence[bytes], sensor: str, limits: TimeLimits | None)
     lo, hi = np.minimum.reduceat(ts, starts), np.maximum.reduceat(ts, starts)
     # No NaN comes through JSON, so each message's least and greatest value bound all of them.
     ok = (np.minimum.reduceat(vs, starts) >= v_lo) & (np.maximum.reduceat(vs, starts) <= v_hi)
+    utc = [clock == UTC_CLOCK for clock in clocks]
     if limits is not None:  # the time limits hold for UTC stamps only (a domain's are placed later)
-        utc = np.array([clock == UTC_CLOCK for clock in clocks])
-        ok &= ~utc | ((lo >= limits.now_ns - limits.max_age_ns) & (hi <= limits.now_ns + limits.max_future_ns))
-    return _Columns(index, nodes, gpus, clocks, labels, lens, ts, vs, starts.tolist(), ends.tolist(), lo.tolist(),
-                    hi.tolist(), ok.tolist())
+        fresh = (lo >= limits.now_ns - limits.max_age_ns) & (hi <= limits.now_ns + limits.max_future_ns)
+        ok &= ~np.array(utc) | fresh
+    return _Columns(index, nodes, gpus, clocks, utc, labels, lens, ts, vs, starts.tolist(), ends.tolist(),
+                    lo.tolist(), hi.tolist(), ok.tolist())

@@ -216,8 +216,7 @@ class IngestCore:
             for i in block.index:
                 self._sensor_record(tp, records[i], None, si, aligner, waiting, limits)
             return
-        for i in block.index:
-            waiting[(si, records[i].offset)] = records[i]
+        waiting.update(((si, off), records[i]) for i, off in zip(block.index, offsets, strict=True))
         self.stats.samples += len(block.ts_ns)
 
     def _sensor_record(self, tp: TopicPartition, rec: Record, res: SampleBatch | Reject | None, si: int,
