@@ -6,10 +6,9 @@ same reject for every message, and leaves every message it does not accept at on
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import compress
+from itertools import chain, compress, repeat
 from typing import Final
 
 import msgspec
@@ -59,6 +58,8 @@ class PollBlock:
     value: npt.NDArray[np.float64]
 
 
+_I64_MIN: Final = -(2**63)
+_I64_MAX: Final = 2**63 - 1
 EMPTY_BLOCK: Final = PollBlock([], [], [], [], [], np.zeros(0, np.int64), np.zeros(0, np.float64))
 
 
@@ -140,7 +141,10 @@ def _fast_columns(raws: Sequence[bytes], sensor: str, limits: TimeLimits | None)
     if spec is None:
         return None
     v_lo, v_hi = spec.lo, spec.hi
-    ts_all, vs_all = array("q"), array("d")
+    # Python lists first and one conversion per column at the end: a list takes a message's list of stamps as
+    # pointers, where an array converts every number as it comes (2x the cost of the whole conversion).
+    ts_all: list[int] = []
+    vs_all: list[float] = []
     index: list[int] = []
     nodes: list[str] = []
     gpus: list[str] = []
@@ -164,21 +168,13 @@ def _fast_columns(raws: Sequence[bytes], sensor: str, limits: TimeLimits | None)
         if type(values) is list:
             if type(stamps) is not list or len(stamps) != len(values) or not values:
                 continue
-            n = len(ts_all)
-            try:
-                ts_all.extend(stamps)
-            except OverflowError:  # beyond int64: the checked path says so
-                del ts_all[n:]
-                continue
+            ts_all.extend(stamps)
             vs_all.extend(values)
             lens.append(len(values))
         elif type(stamps) is list:
             continue
         else:
-            try:
-                ts_all.append(stamps)  # type: ignore[arg-type]
-            except OverflowError:
-                continue
+            ts_all.append(stamps)  # type: ignore[arg-type]
             vs_all.append(values)  # type: ignore[arg-type]
             lens.append(1)
         index.append(i)
@@ -188,7 +184,21 @@ def _fast_columns(raws: Sequence[bytes], sensor: str, limits: TimeLimits | None)
         labels.append(labs)
     if not index:
         return None
-    ts, vs = np.frombuffer(ts_all, np.int64), np.frombuffer(vs_all, np.float64)
+    try:
+        ts = np.fromiter(ts_all, np.int64, len(ts_all))
+    except OverflowError:  # a stamp beyond int64 (rare): its messages go to the checked path, which names it
+        fits, a = [], 0
+        for n in lens:
+            fits.append(all(_I64_MIN <= t <= _I64_MAX for t in ts_all[a:a + n]))
+            a += n
+        rows = list(chain.from_iterable(repeat(f, n) for f, n in zip(fits, lens, strict=True)))
+        ts_all, vs_all = list(compress(ts_all, rows)), list(compress(vs_all, rows))
+        index, nodes, gpus = list(compress(index, fits)), list(compress(nodes, fits)), list(compress(gpus, fits))
+        clocks, labels, lens = list(compress(clocks, fits)), list(compress(labels, fits)), list(compress(lens, fits))
+        if not index:
+            return None
+        ts = np.fromiter(ts_all, np.int64, len(ts_all))
+    vs = np.fromiter(vs_all, np.float64, len(vs_all))
     ends = np.cumsum(np.array(lens, np.int64))
     starts = ends - lens
     lo, hi = np.minimum.reduceat(ts, starts), np.maximum.reduceat(ts, starts)
