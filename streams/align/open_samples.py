@@ -54,7 +54,10 @@ class Rows:
         return len(self.sid)
 
     def select(self, mask: npt.NDArray[np.bool_]) -> Rows:
-        return Rows(*(getattr(self, f.name)[mask] for f in fields(self)))
+        # By name, not through dataclasses.fields: a close splits chunks many times an advance.
+        idx = np.flatnonzero(mask)
+        return Rows(self.sid[idx], self.tick[idx], self.ts[idx], self.v[idx], self.src[idx], self.pos[idx],
+                    self.unc[idx], self.node[idx])
 
     @staticmethod
     def concat(parts: list[Rows]) -> Rows:
