@@ -259,8 +259,38 @@ class SpikeEngine:
         """The highest sliding-window nearest-rank P99 among the windows that END inside [tick_ns, tick_ns + grid_ns)
         (a window ends at each bucket boundary); None without samples."""
         s = self._series.get((node, gpu, sensor))
-        if s is None:
-            return None
+        return None if s is None else self._peak(s, tick_ns)
+
+    def close_ticks(self, nodes: Sequence[str], gpus: Sequence[str], sensor: str, ticks: Sequence[int]
+                    ) -> npt.NDArray[np.float64]:
+        """``tick_peak`` of each closed frame (NaN for None), then each series ``release``d up to its newest of
+        these ticks that had a peak: what a frame at a time gives, since a series' ticks close in order and no
+        window of a later tick reads a bucket an earlier tick's release drops; one purge per series, not per tick.
+
+        >>> eng = SpikeEngine(SpikeParams(), grid_ns=1_000_000_000)
+        >>> ts = np.arange(0, 3_000_000_000, 100_000_000, dtype=np.int64)
+        >>> util = np.full(ts.size, 60.0); util[13:15] = 99.0
+        >>> eng.add("n", "0", "gpu_util", ts, util)
+        >>> eng.close_ticks(["n", "n", "m"], ["0", "0", "0"], "gpu_util", [0, 1_000_000_000, 0]).tolist()
+        [60.0, 99.0, nan]
+        """
+        out = np.full(len(ticks), np.nan)
+        newest: dict[tuple[str, str], int] = {}
+        series = self._series
+        for i, (node, gpu, tick) in enumerate(zip(nodes, gpus, ticks, strict=True)):
+            s = series.get((node, gpu, sensor))
+            if s is None:
+                continue
+            got = self._peak(s, tick)
+            if got is not None:
+                out[i] = got
+                if tick > newest.get((node, gpu), tick - 1):
+                    newest[(node, gpu)] = tick
+        for (node, gpu), tick in newest.items():
+            self.release(node, gpu, sensor, tick)
+        return out
+
+    def _peak(self, s: BucketSeries, tick_ns: int) -> float | None:
         got = s.cache.get(tick_ns)
         if got is not None and got[1] >= s.cut:
             return got[0]

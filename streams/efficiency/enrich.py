@@ -111,15 +111,8 @@ class Enricher:
         if self._pricing is None or self._pricing.book is not book:
             self._pricing = BookPricing(book)
         ticks = batch.tick_ns.tolist()
-        peaks = {}
-        for name in SPIKE_SENSORS:
-            col = np.full(len(batch), np.nan)
-            for i, (node, gpu, tick) in enumerate(zip(batch.node, batch.gpu, ticks, strict=True)):
-                got = self.spikes.tick_peak(node, gpu, name, tick)
-                if got is not None:
-                    col[i] = got
-                    self.spikes.release(node, gpu, name, tick)  # a node's ticks close in order
-            peaks[peak_column(name)] = col
+        peaks = {peak_column(name): self.spikes.close_ticks(batch.node, batch.gpu, name, ticks)
+                 for name in SPIKE_SENSORS}
         d = derive(batch, self._pricing, self.grid_ns, self.idle, peaks)
         batch.derived, batch.notes = d.columns, d.notes
         if self.subticks is not None:
