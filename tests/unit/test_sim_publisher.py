@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-import agents.collect.simulator as simulator
 from agents.collect.simulator import SimulatorPublisher
 from agents.runtime.timebase import ManualClock
 from agents.settings import load_settings
@@ -31,7 +32,7 @@ def test_live_steps_keep_their_cadence_when_each_step_takes_a_third_of_one(monke
         clock.advance(35 * MS)  # what a step costs at 512 simulated GPUs
 
     monkeypatch.setattr(pub, "_publish", publish)
-    monkeypatch.setattr(simulator.time, "sleep", lambda s: clock.advance(round(s * 1e9)))
+    monkeypatch.setattr(time, "sleep", lambda s: clock.advance(round(s * 1e9)))
     pub.live(1.0, step_s=0.1)
     # One step every 100 ms, as a collector's timer; sleeping a full step after each one's work drifted to 135 ms.
     assert published == list(range(0, 1001, 100))
