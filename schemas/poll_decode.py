@@ -85,6 +85,8 @@ def decode_poll(raws: Sequence[bytes], sensor: str, limits: TimeLimits | None = 
                 rest[c.index[m]] = c.batch(m, sensor)
         if any(take):
             block = c.block(take)
+    if len(block.index) == len(raws):  # the usual poll: every message in the block, nothing left to check
+        return block, rest
     return block, _checked_rest(raws, sensor, limits, rest, set(block.index))
 
 

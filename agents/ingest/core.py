@@ -200,9 +200,10 @@ class IngestCore:
             for rec in records:
                 self._sensor_record(tp, rec, None, si, aligner, waiting, limits)
             return
-        for rec, got in zip(records, rest, strict=True):
-            if got is not None:
-                self._sensor_record(tp, rec, got, si, aligner, waiting, limits)
+        if len(block.index) < len(records):  # else all in the block (the usual poll)
+            for rec, got in zip(records, rest, strict=True):
+                if got is not None:
+                    self._sensor_record(tp, rec, got, si, aligner, waiting, limits)
         if not block.index:
             return
         try:
