@@ -75,9 +75,10 @@ class IngestStats(Counters):
     held: int = 0  # clock-domain sample messages waiting for a beacon
     late: Counter[str] = field(default_factory=Counter)  # late samples by "node/sensor"
     first_record_ns: int = 0  # monotonic; for throughput figures
+    first_record_cpu_s: float = 0.0  # the process's CPU time then (every thread's); for throughput figures
     detect: dict[str, Any] = field(default_factory=dict)  # the detection agent's figures, when one runs beside
 
-    unreported: ClassVar[frozenset[str]] = frozenset({"first_record_ns", "detect"})
+    unreported: ClassVar[frozenset[str]] = frozenset({"first_record_ns", "first_record_cpu_s", "detect"})
 
     def as_dict(self) -> dict[str, Any]:
         out = Counters.as_dict(self)  # not super(): a slotted dataclass is a new class, its cell the old one

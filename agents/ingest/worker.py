@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -180,9 +181,10 @@ class Ingestor:
                     await self._pos.probe(consumer)  # outside the lock (Positions.probe says why)
                 async with self._lock:
                     if batch:
-                        self._handle(batch)
-                        if not self.stats.first_record_ns:
+                        if not self.stats.first_record_ns:  # before the work: a throughput figure counts it all
                             self.stats.first_record_ns = mono()
+                            self.stats.first_record_cpu_s = time.process_time()
+                        self._handle(batch)
                     self._pos.tick_quiet(consumer)
                     core.advance(self._pos.quiet)
                     # One write in flight: while it waits (for ClickHouse, agents.ingest.outage) the loop

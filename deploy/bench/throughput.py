@@ -88,8 +88,6 @@ async def full_path(settings: Settings, samples: int, profile: bool) -> dict[str
         # (drain), instead of timing the idle wait a live stream's tail needs.
         while not stop.is_set():
             await asyncio.sleep(0.005)
-            if ingestor.stats.first_record_ns and "cpu0" not in done:
-                done["cpu0"] = time.process_time()  # every thread's: chDB's and librdkafka's too
             if ingestor.stats.samples >= samples:
                 stop.set()
 
@@ -101,7 +99,7 @@ async def full_path(settings: Settings, samples: int, profile: bool) -> dict[str
     st = await ingestor.run(stop, drain=True)
     done["t"] = time.monotonic_ns()
     cpu = time.thread_time() - cpu0
-    process_cpu = time.process_time() - done.get("cpu0", 0.0)
+    process_cpu = time.process_time() - st.first_record_cpu_s  # every thread's: chDB's and librdkafka's too
     if prof:
         prof.disable()
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(30)
