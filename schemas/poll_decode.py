@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain, compress, repeat
+from itertools import compress
 from typing import Final
 
 import msgspec
@@ -80,9 +80,10 @@ def decode_poll(raws: Sequence[bytes], sensor: str, limits: TimeLimits | None = 
     block = EMPTY_BLOCK
     if c is not None:
         take = [u and g for u, g in zip(c.utc, c.ok, strict=True)]
-        for m, (u, g) in enumerate(zip(c.utc, c.ok, strict=True)):
-            if g and not u:
-                rest[c.index[m]] = c.batch(m, sensor)
+        if not all(take):  # a clock domain's accepted messages go as batches (the usual poll has none)
+            for m, (u, g) in enumerate(zip(c.utc, c.ok, strict=True)):
+                if g and not u:
+                    rest[c.index[m]] = c.batch(m, sensor)
         if any(take):
             block = c.block(take)
     if len(block.index) == len(raws):  # the usual poll: every message in the block, nothing left to check
@@ -186,26 +187,20 @@ def _fast_columns(raws: Sequence[bytes], sensor: str, limits: TimeLimits | None)
         labels.append(labs)
     if not index:
         return None
+    wide = None
     try:
         ts = np.fromiter(ts_all, np.int64, len(ts_all))
-    except OverflowError:  # a stamp beyond int64 (rare): its messages go to the checked path, which names it
-        fits, a = [], 0
-        for n in lens:
-            fits.append(all(_I64_MIN <= t <= _I64_MAX for t in ts_all[a:a + n]))
-            a += n
-        rows = list(chain.from_iterable(repeat(f, n) for f, n in zip(fits, lens, strict=True)))
-        ts_all, vs_all = list(compress(ts_all, rows)), list(compress(vs_all, rows))
-        index, nodes, gpus = list(compress(index, fits)), list(compress(nodes, fits)), list(compress(gpus, fits))
-        clocks, labels, lens = list(compress(clocks, fits)), list(compress(labels, fits)), list(compress(lens, fits))
-        if not index:
-            return None
-        ts = np.fromiter(ts_all, np.int64, len(ts_all))
+    except OverflowError:  # a stamp beyond int64 (rare): its message fails the checks, and the checked path names it
+        wide = np.fromiter((not _I64_MIN <= t <= _I64_MAX for t in ts_all), np.bool_, len(ts_all))
+        ts = np.fromiter((0 if w else t for t, w in zip(ts_all, wide.tolist(), strict=True)), np.int64, len(ts_all))
     vs = np.fromiter(vs_all, np.float64, len(vs_all))
     ends = np.cumsum(np.array(lens, np.int64))
     starts = ends - lens
     lo, hi = np.minimum.reduceat(ts, starts), np.maximum.reduceat(ts, starts)
     # No NaN comes through JSON, so each message's least and greatest value bound all of them.
     ok = (np.minimum.reduceat(vs, starts) >= v_lo) & (np.maximum.reduceat(vs, starts) <= v_hi)
+    if wide is not None:
+        ok &= ~np.logical_or.reduceat(wide, starts)
     utc = [clock == UTC_CLOCK for clock in clocks]
     if limits is not None:  # the time limits hold for UTC stamps only (a domain's are placed later)
         fresh = (lo >= limits.now_ns - limits.max_age_ns) & (hi <= limits.now_ns + limits.max_future_ns)

@@ -12,6 +12,7 @@ from aiokafka import ConsumerRecord, TopicPartition
 import agents.ingest.core as core_module
 from agents.ingest.commits import commit_offsets
 from agents.ingest.core import IngestCore
+from agents.ingest.pricebook_file import PriceBookFile
 from agents.kafka.topics import Topics
 from agents.runtime.timebase import ManualClock
 from agents.settings import load_settings
@@ -19,6 +20,7 @@ from agents.sinks.clickhouse import Backend
 from agents.sinks.store import FrameStore, Progress
 from schemas.records import Reject
 from streams.align.aligner import GridAligner, Recovered
+from streams.efficiency.enrich import Enricher
 
 S = 1_000_000_000
 T0 = 1_796_200_000 * S
@@ -45,10 +47,11 @@ def rec(topic: str, offset: int, ts_s: float, value: float, node: str = "n0") ->
     return ConsumerRecord(topic, 0, offset, 0, 0, node.encode(), raw, None, 1, len(raw), [])
 
 
-def make() -> tuple[IngestCore, FrameStore, Letters, ManualClock]:
+def make(enricher: Enricher | None = None, clock: ManualClock | None = None
+         ) -> tuple[IngestCore, FrameStore, Letters, ManualClock]:
     store = FrameStore(cast(Backend, None))  # only buffers here; nothing is written
-    letters, clock = Letters(), ManualClock(wall_ns=T0 + 2 * S, mono_ns=0)
-    core = IngestCore(SETTINGS, store, letters, clock)
+    letters, clock = Letters(), clock or ManualClock(wall_ns=T0 + 2 * S, mono_ns=0)
+    core = IngestCore(SETTINGS, store, letters, clock, enricher)
     core.assign([TopicPartition(t, 0) for t in TOPICS.inputs], Progress(Recovered()))
     return core, store, letters, clock
 
@@ -131,12 +134,8 @@ def test_a_bug_in_the_enrichers_tap_of_a_block_counts_no_sample_twice(monkeypatc
     """With derive on the block also goes to the spike engine's tap; should that raise, the aligner has queued
     nothing yet, so placing the records one by one holds each sample once (the frames would hide a second copy:
     aggregation drops exact duplicates, a redelivery's)."""
-    from agents.ingest.pricebook_file import PriceBookFile
-    from streams.efficiency.enrich import Enricher
-
     frames = {}
     for broken in (False, True):
-        store = FrameStore(cast(Backend, None))
         clock = ManualClock(wall_ns=T0 + 2 * S, mono_ns=0)
         enricher = Enricher(PriceBookFile(None, clock).current, SETTINGS.align_params().grid_ns)
         if broken:
@@ -144,8 +143,7 @@ def test_a_bug_in_the_enrichers_tap_of_a_block_counts_no_sample_twice(monkeypatc
                 raise ZeroDivisionError("simulated")
 
             monkeypatch.setattr(enricher, "tap_block", trip)
-        core = IngestCore(SETTINGS, store, Letters(), clock, enricher)
-        core.assign([TopicPartition(t, 0) for t in TOPICS.inputs], Progress(Recovered()))
+        core, store, _, _ = make(enricher, clock)
         core.handle({TopicPartition(UTIL, 0): [rec(UTIL, i, i * 0.1, 50.0 + i) for i in range(10)]})
         core.advance({})  # places the queue; the watermark closes nothing yet
         assert core.stats.samples == 10 and core.stats.internal_errors == 0
