@@ -114,8 +114,10 @@ def test_a_flood_keeps_memory_flat_a_steady_rate_and_lag_on_metrics(native_setti
     assert readings[-1][2] == sent, (readings[-1], sent)
     # Lag was reported while the flood came and was read, and it came down to 0. (Not monotonically: each
     # partition's end is as of its latest fetch answer, so a partition answered late raises the sum.)
+    # Counted in time, not in readings: a scrape of a saturated worker's page takes up to a second, so the
+    # number of readings in the same span of lag varies with the machine's load.
     flooding = [r for r in readings if r[1] > 0]
-    assert len(flooding) >= 8, readings
+    assert len(flooding) >= 3 and flooding[-1][0] - flooding[0][0] >= 2.0, readings
     after = [r[1] for r in readings if r[0] > flooding_until[0]]
     # The flood outran the worker: a worker that keeps up lags by a poll or two (a few thousand records). How
     # far it fell behind depends on the two processes' shares of the cores (CI once saw 267,219).
