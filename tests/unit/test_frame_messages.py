@@ -126,7 +126,10 @@ def test_a_sub_tick_profile_round_trips_and_is_optional() -> None:
     plain = FrameMessage("n", m.tick_ns, m.grid_ns, (GpuFrame("0", {}, {"power": 400.0}, {}, ""),))
     assert "fpw_sub" not in orjson.loads(encode_frame_message(plain))["gpus"][0]  # no profile: no key, as before
     doc = orjson.loads(raw)
-    for bad in ("x", [True], ["1"], [1.0] * 601):
+    doc["gpus"][0]["fpw_sub"] = [1, None, 2.5]  # integers as the numbers they are, nulls kept
+    got = decode_frame_message(orjson.dumps(doc)).gpus[0].fpw_sub
+    assert got == (1.0, None, 2.5) and type(got[0]) is float
+    for bad in ("x", [True], [None, False], ["1"], [1.0] * 601, {"a": 1}):
         doc["gpus"][0]["fpw_sub"] = bad
         with pytest.raises(FrameDecodeError, match="fpw_sub"):
             decode_frame_message(orjson.dumps(doc))
@@ -152,3 +155,14 @@ def test_every_present_value_and_derived_column_reaches_its_frame() -> None:
         for c in DERIVED_COLUMNS[1:]:
             d = b.derived[c][i]
             assert g.derived[c] == (None if math.isnan(d) else d)
+
+
+def test_a_gpu_frame_id_and_derived_columns_come_from_the_message_not_the_wire() -> None:
+    m = FrameMessage("n", 1_796_200_344_000_000_000, 1_000_000_000,
+                     (GpuFrame("0", {}, {"power": 400.0}, {"tflops": 400.0}, ""), GpuFrame("1", {}, {}, {}, "")))
+    doc = orjson.loads(encode_frame_message(m))
+    doc["gpus"][0]["id"] = "0" * 32  # a producer's own id for a GPU frame is not trusted
+    del doc["gpus"][1]["derived"]["tflops"]  # nor its leaving a derived column out: null, as constructed
+    got = decode_frame_message(orjson.dumps(doc))
+    assert got == m and [g.id for g in got.gpus] == [frame_id("n", g, m.tick_ns) for g in ("0", "1")]
+    assert all(g.derived.keys() == set(DERIVED_COLUMNS) for g in got.gpus) and got.gpus[1].derived["tflops"] is None
