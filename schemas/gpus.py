@@ -17,6 +17,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -125,6 +126,7 @@ _ALIASES: Final = {
 _VENDOR_PREFIX: Final = re.compile(r"^(NVIDIA|TESLA)-")
 
 
+@functools.lru_cache(maxsize=1024)  # asked per GPU frame (link and price lookups); a cluster has a few models
 def model_key(gpu_model: str) -> str:
     """The spelling-insensitive form names are matched on: upper case, ``-`` for spaces and ``_``,
     no vendor prefix (older drivers report ``A100-SXM4-40GB``, newer ``NVIDIA A100-SXM4-40GB``).
