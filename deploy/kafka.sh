@@ -132,13 +132,13 @@ probe() {  # bootstrap
   fi
 }
 
-wait_ready() {  # bootstrap [pid]
-  local deadline=$((SECONDS + timeout_s))
+wait_ready() {  # bootstrap [pid [log pidfile]]: a cluster's broker names its own log and pidfile
+  local deadline=$((SECONDS + timeout_s)) log="${3:-$logs/server.log}" pf="${4:-$pidfile}"
   while ((SECONDS < deadline)); do
     if [[ -n "${2:-}" ]] && ! kill -0 "$2" 2>/dev/null; then
-      [[ -f "$logs/server.log" ]] && tail -n 40 "$logs/server.log" >&2
-      rm -f "$pidfile"
-      die "broker process exited during startup (log: $logs/server.log)"
+      [[ -f "$log" ]] && tail -n 40 "$log" >&2
+      rm -f "$pf"
+      die "broker process exited during startup (log: $log)"
     fi
     if probe "$1"; then
       echo "$1"
@@ -146,8 +146,8 @@ wait_ready() {  # bootstrap [pid]
     fi
     sleep 1
   done
-  [[ -n "${2:-}" && -f "$logs/server.log" ]] && tail -n 40 "$logs/server.log" >&2
-  die "not ready after ${timeout_s}s at $1"
+  [[ -n "${2:-}" && -f "$log" ]] && tail -n 40 "$log" >&2
+  die "not ready after ${timeout_s}s at $1 (FLOPWATCH_KAFKA_START_TIMEOUT)"
 }
 
 start_jar() {

@@ -86,7 +86,8 @@ cluster_start() {  # N
   done
   # Ready when every broker answers a metadata request on its own listener.
   for ((i = 1; i <= n; i++)); do
-    wait_ready "127.0.0.1:$(cluster_port "$i")" "$(cat "$(cluster_pidfile "$i")")" >/dev/null
+    wait_ready "127.0.0.1:$(cluster_port "$i")" "$(cat "$(cluster_pidfile "$i")")" \
+      "$(cluster_dir "$i")/logs/server.log" "$(cluster_pidfile "$i")" >/dev/null
   done
   cluster_bootstrap "$n"
 }

@@ -33,14 +33,22 @@ PORT = 19092  # brokers on 19092, 19094, 19096; their controllers one above each
 
 class Cluster:
     def __init__(self, state: Path) -> None:
+        self.state = state
+        # Three JVMs starting at once on a loaded 2-core CI machine: a broker's own deadline of 180 s, not 90.
         self.env = {k: v for k, v in os.environ.items() if k != "FLOPWATCH_KAFKA_BOOTSTRAP"} | {
             "FLOPWATCH_KAFKA_PORT": str(PORT), "FLOPWATCH_KAFKA_CONTROLLER_PORT": str(PORT + 1),
-            "FLOPWATCH_KAFKA_CLUSTER_DIR": str(state), "FLOPWATCH_KAFKA_HEAP": "384m"}
+            "FLOPWATCH_KAFKA_CLUSTER_DIR": str(state), "FLOPWATCH_KAFKA_HEAP": "384m",
+            "FLOPWATCH_KAFKA_START_TIMEOUT": "180"}
         self.bootstrap = ""
 
     def run(self, *args: str) -> str:
-        out = subprocess.run([str(ROOT / "deploy/kafka.sh"), *args], env=self.env, check=True, capture_output=True,
-                             text=True, timeout=300)
+        out = subprocess.run([str(ROOT / "deploy/kafka.sh"), *args], env=self.env, capture_output=True, text=True,
+                             timeout=600)
+        if out.returncode:
+            # kafka.sh says why on stderr and the brokers' logs say the rest: a CI failure must carry both.
+            logs = "".join(f"\n--- {log} (tail)\n" + "".join(log.read_text(errors="replace").splitlines(True)[-30:])
+                           for log in sorted(self.state.glob("n*/logs/server.log")))
+            pytest.fail(f"deploy/kafka.sh {' '.join(args)} exited {out.returncode}\n{out.stderr}{logs}", pytrace=False)
         return out.stdout.strip()
 
     def start(self) -> None:
