@@ -100,10 +100,12 @@ def rollup_backfill(db: str, r: Rollup) -> str:
     return f"INSERT INTO {db}.{r.table}\n{_select(db, r)}"
 
 
-def _select(db: str, r: Rollup) -> str:
+def _select(db: str, r: Rollup, where: str = "") -> str:
+    """``where`` (a condition on the source's rows) is for a rebuild, which reads ``gpu_frames`` FINAL: a block
+    replayed under another token is there twice until a merge."""
     check_identifier(db)
     if r is not ROLLUPS[0]:
-        return _from_minutes(db, r)
+        return _from_minutes(db, r, where)
     idle = "idle = 1 AND pod != ''"  # a GPU nobody holds is free capacity, not a waste
     sel = [f"{r.bucket}(ts) AS ts", "node", "gpu", *KEY_LABELS, "count() AS frames",
            "sum(ifNull(energy_j, 0)) AS energy_j_sum", "sum(ifNull(cost_usd, 0)) AS cost_usd_sum",
@@ -114,10 +116,11 @@ def _select(db: str, r: Rollup) -> str:
         if m in DISTRIBUTIONS:
             sel.append(f"quantilesTDigestState({_levels()})({m}) AS {m}_q")
     cols = ",\n  ".join(sel)
-    return f"SELECT\n  {cols}\nFROM {db}.gpu_frames\nGROUP BY ts, node, gpu, {', '.join(KEY_LABELS)}"
+    source = f"{db}.gpu_frames FINAL WHERE {where}" if where else f"{db}.gpu_frames"
+    return f"SELECT\n  {cols}\nFROM {source}\nGROUP BY ts, node, gpu, {', '.join(KEY_LABELS)}"
 
 
-def _from_minutes(db: str, r: Rollup) -> str:
+def _from_minutes(db: str, r: Rollup, where: str = "") -> str:
     """A coarser rollup from the minute one (a 60th of the rows to aggregate per insert): sums of sums, maxima of
     maxima, merged states; exact as from the frames, but for the t-digests, which merge approximately."""
     keys = ", ".join(KEY_LABELS)
@@ -131,8 +134,50 @@ def _from_minutes(db: str, r: Rollup) -> str:
             inner.append(f"{m}_q AS q_{m}")
             outer.append(f"quantilesTDigestMergeState({_levels()})(q_{m}) AS {m}_q")
     # The source's columns renamed in a subquery: an alias equal to the column it aggregates would be circular.
-    return (f"SELECT\n  {', '.join(outer)}\nFROM (SELECT {', '.join(inner)} FROM {db}.{ROLLUPS[0].table})\n"
+    source = f"{db}.{ROLLUPS[0].table}" + (f" WHERE {where}" if where else "")
+    return (f"SELECT\n  {', '.join(outer)}\nFROM (SELECT {', '.join(inner)} FROM {source})\n"
             f"GROUP BY ts, node, gpu, {keys}")
+
+
+def rollup_disagreements(db: str, since_s: int) -> list[str]:
+    """Queries of the (node, hour) pairs, from the hour of ``since_s`` (epoch seconds) on, where the minute
+    rollup's frames differ from ``gpu_frames`` FINAL in some minute, or the hourly rollup's from the minute one's.
+
+    An insert commits the table's part before its views' parts: a worker killed between the two leaves frames
+    that no rollup counts (and a replay skips them: they are behind the recovered boundary).
+    """
+    check_identifier(db)
+    m, h = ROLLUPS
+    t = int(since_s)
+    hour = f"toStartOfHour(toDateTime({t}, 'UTC'))"
+    minutes = (f"SELECT node, toStartOfMinute(toDateTime(ts, 'UTC')) AS b, count() AS n FROM {db}.gpu_frames FINAL "
+               f"WHERE ts >= {hour} GROUP BY node, b")
+    rolled = f"SELECT node, ts AS b, sum(frames) AS n FROM {db}.{m.table} WHERE ts >= {hour} GROUP BY node, b"
+    hours = (f"SELECT node, toStartOfHour(ts) AS b, sum(frames) AS n FROM {db}.{m.table} WHERE ts >= {hour} "
+             "GROUP BY node, b")
+    rolled_h = f"SELECT node, ts AS b, sum(frames) AS n FROM {db}.{h.table} WHERE ts >= {hour} GROUP BY node, b"
+    # A missing side joins as 0 frames (join_use_nulls is off): a bucket only one side has differs.
+    return [f"SELECT DISTINCT node, toUInt32(toStartOfHour(b)) FROM ({a}) AS x FULL OUTER JOIN ({b}) AS y "
+            "USING (node, b) WHERE x.n != y.n" for a, b in ((minutes, rolled), (hours, rolled_h))]
+
+
+def rollup_rebuild(db: str, node: str, hour: str) -> list[str]:
+    """Statements that rebuild one node's hour in both rollups from ``gpu_frames`` FINAL; ``node`` and ``hour``
+    are the placeholders of a String and a UInt32 (epoch seconds) parameter.
+
+    In this order, each step safe to crash after (the next check finds what is still off): the minutes go and
+    come back from the frames (the hourly view adds them to the hour a second time), then the hour goes and
+    comes back from the minutes. ``insert_deduplicate = 0``: a rebuild's block may equal an earlier one's, and
+    the tables would drop it as a duplicate.
+    """
+    m, h = ROLLUPS
+    span = f"node = {node} AND ts >= toDateTime({hour}, 'UTC') AND ts < toDateTime({hour} + 3600, 'UTC')"
+    once = "SETTINGS insert_deduplicate = 0"
+    drop = "SETTINGS mutations_sync = 2"
+    return [f"ALTER TABLE {db}.{m.table} DELETE WHERE {span} {drop}",
+            f"INSERT INTO {db}.{m.table} {once}\n{_select(db, m, span)}",
+            f"ALTER TABLE {db}.{h.table} DELETE WHERE {span} {drop}",
+            f"INSERT INTO {db}.{h.table} {once}\n{_select(db, h, span)}"]
 
 
 def rollup_ttl(db: str, r: Rollup, days: int, tiering: Tiering | None = None) -> str:

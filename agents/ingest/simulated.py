@@ -38,12 +38,14 @@ class _Refused:
         self.counts[reject.reason.value] += 1
 
 
-def ingest_simulation(backend: Backend, params: SimParams, seconds: int, chunk_s: int = 10) -> int:
-    """Frames of ``seconds`` of the simulated cluster written to ``backend``; returns the rows written."""
+def ingest_simulation(backend: Backend, params: SimParams, seconds: int, chunk_s: int = 10,
+                      store: FrameStore | None = None) -> int:
+    """Frames of ``seconds`` of the simulated cluster written to ``backend`` (through ``store``, one that has
+    recovered, say); returns the rows written."""
     settings = load_settings({}, topic_prefix="sim.", partitions=1, lateness_ms=1000, source_idle_s=1.0)
     topics = Topics("sim.")
     topic_of = {name: topics.sensor(s.index) for name, s in BY_NAME.items()}
-    store, refused = FrameStore(backend), _Refused()
+    store, refused = store or FrameStore(backend), _Refused()
     clock = ManualClock(wall_ns=params.start_ns, mono_ns=0)
     enricher = Enricher(PriceBookFile(None, clock).current, settings.align_params().grid_ns)  # the shipped prices
     core = IngestCore(settings, store, refused, clock, enricher)

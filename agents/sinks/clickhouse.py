@@ -36,7 +36,8 @@ class Backend(Protocol):
     layout: ddl.Layout
     database: str
 
-    def execute(self, sql: str) -> None: ...
+    def execute(self, sql: str, params: dict[str, Any] | None = None) -> None: ...
+    def param(self, name: str, typ: str) -> str: ...
     def use_database(self) -> None: ...
     def rows(self, sql: str, params: dict[str, Any] | None = None) -> tuple[list[str], list[tuple[Any, ...]]]: ...
     def insert(self, table: str, columns: Columns, token: str | None = None) -> None: ...
@@ -92,8 +93,12 @@ class ChdbBackend:
         except Exception as exc:
             raise ClickHouseError(f"chDB: {exc}") from exc
 
-    def execute(self, sql: str) -> None:
-        self._query(sql)
+    def execute(self, sql: str, params: dict[str, Any] | None = None) -> None:
+        self._query(sql, params=params)
+
+    def param(self, name: str, typ: str) -> str:
+        """A query parameter's placeholder: the server substitutes it (never spliced into the text)."""
+        return f"{{{name}:{typ}}}"
 
     def rows(self, sql: str, params: dict[str, Any] | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
         res = self._query(sql, "JSONCompact", params)
@@ -186,8 +191,12 @@ class NativeBackend:
         self._client.disconnect()
         self._client = Client(**self._kwargs, database=self.database)
 
-    def execute(self, sql: str) -> None:
-        self._run("a statement", lambda: self._client.execute(sql))
+    def execute(self, sql: str, params: dict[str, Any] | None = None) -> None:
+        self._run("a statement", lambda: self._client.execute(sql, params))
+
+    def param(self, name: str, typ: str) -> str:
+        """A query parameter's placeholder: clickhouse-driver quotes and escapes the value."""
+        return f"%({name})s"
 
     def rows(self, sql: str, params: dict[str, Any] | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
         data, types = self._run("a query", lambda: self._client.execute(sql, params, with_column_types=True))

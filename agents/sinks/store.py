@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agents.sinks.clickhouse import Backend, Columns
+from agents.sinks.rollup_repair import RollupRepair
 from schemas import ddl
 from schemas.catalog import CATALOG, LABEL_COLUMNS
 from schemas.frames import DERIVED_COLUMNS, NOTE_COLUMN
@@ -54,6 +55,7 @@ class FrameStore:
         self.events_written = 0
         self._closed_written: dict[str, int] = {}  # node -> newest final tick (ns) recorded
         self._consumed: dict[TopicPartition, int] = {}  # next offset per partition at the last write
+        self.rollups = RollupRepair(backend)
 
     @property
     def pending_rows(self) -> int:
@@ -107,6 +109,8 @@ class FrameStore:
         token = batch_token(ranges, frames)
         n_frames = len(frames["node"]) if frames is not None else 0
         if frames is not None and "frames" not in done:
+            if self.rollups.suspect:  # before this node's new frames: its rollups are this worker's alone now
+                self.rollups.repair(frames["node"])
             self.backend.insert("gpu_frames", frames, token=token)
             done.add("frames")
         n_events = len(pending.events["ts"])
@@ -138,6 +142,7 @@ class FrameStore:
         ts_ms = "toUnixTimestamp64Milli(max(ts))" if cur else "max(ts)"
         _, rows = self.backend.rows(f"SELECT node, {ts_ms} FROM {db}.gpu_frames GROUP BY node")
         boundaries = {str(node): int(ms) * 1_000_000 for node, ms in rows}
+        self.rollups.scan(max((int(ms) for _, ms in rows), default=0) // 1000)
         _, rows = self.backend.rows(f"SELECT node, max(closed_tick_ms) FROM {db}.node_progress GROUP BY node")
         for node, ms in rows:  # empty ticks closed after the newest written one are final too
             boundaries[str(node)] = max(boundaries.get(str(node), 0), int(ms) * 1_000_000)
