@@ -1,4 +1,4 @@
-"""chDB inserts: every kind of column the ingest and the agents write arrives as it was
+"""chDB inserts go in as an Arrow stream: every kind of column the ingest and the agents write arrives as it was
 given (times exact to the ms or ns, NaN and None as NULL, arrays, the deduplication token honoured)."""
 
 from __future__ import annotations
