@@ -48,8 +48,9 @@ class RollupRepair:
             for node, hour in self.backend.rows(sql)[1]:
                 self.suspect.setdefault(str(node), set()).add(int(hour))
         if self.suspect:
-            log.warning("the rollups of %d node(s) disagree with gpu_frames (a worker killed mid-insert): each "
-                        "is rebuilt before its next frames are written", len(self.suspect))
+            log.info("the rollups of %d node(s) disagree with gpu_frames (a worker killed mid-insert, or another "
+                     "worker's insert in flight): those this worker writes are rebuilt before their next frames",
+                     len(self.suspect))
 
     def repair(self, nodes: Iterable[str]) -> None:
         """Rebuild the suspect hours of ``nodes``, whose partitions this worker owns."""
@@ -60,5 +61,6 @@ class RollupRepair:
                                                   self.backend.param("hour", "UInt32")):
                     self.backend.execute(sql, {"node": node, "hour": hour})
                 self.rebuilt += 1
-                log.info("rebuilt the rollups of node %s for the hour from %d", node, hour)
+                log.warning("rebuilt the rollups of node %s for the hour from %d: they disagreed with gpu_frames",
+                            node, hour)
             del self.suspect[node]
