@@ -133,7 +133,7 @@ def gpu_doc(gpu: str, id: str, labels: Mapping[str, str | int], values: Mapping[
     (``agents.sinks.frames_out``) both build it here, so their bytes cannot drift apart."""
     doc: dict[str, object] = {"gpu": gpu, "id": id, "labels": labels, "values": values, "derived": derived,
                               "note": note, "clock_uncertainty_us": clock_uncertainty_us}
-    if any(x is not None for x in fpw_sub):
+    if fpw_sub.count(None) < len(fpw_sub):  # some bucket has a value (count runs in C: ~10 per GPU frame)
         doc["fpw_sub"] = list(fpw_sub)
     return doc
 

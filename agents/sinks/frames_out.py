@@ -29,20 +29,26 @@ def encode_batch(batch: FrameBatch, grid_ns: int) -> Iterator[tuple[str, int, by
     n = len(batch)
     if not n:
         return
-    vals = {c: batch.values[c].tolist() for c in VALUE_COLUMNS}
-    der = {c: (batch.derived[c].tolist() if c in batch.derived else [None] * n) for c in DERIVED_COLUMNS}
+    # Rows, not columns: one tuple per frame, read by zip (no index per column and frame).
+    vals = list(zip(*(batch.values[c].tolist() for c in VALUE_COLUMNS), strict=True))
+    nones = [None] * n
+    der = list(zip(*([None if d != d else d for d in batch.derived[c].tolist()] if c in batch.derived else nones
+                     for c in DERIVED_COLUMNS), strict=True))  # NaN != NaN: null
     notes = batch.notes or [""] * n
     subs = batch.sub_fpw or [()] * n
     unc = (batch.clock_uncertainty_ns / 1000.0).tolist()
     ticks = batch.tick_ns.tolist()
-    groups: dict[tuple[str, int], list[dict[str, object]]] = {}
-    for i in range(n):
-        node, gpu, tick = batch.node[i], batch.gpu[i], ticks[i]
-        values = {c: v[i] for c, v in vals.items() if v[i] == v[i]}  # NaN != NaN: an empty cell
-        derived = {c: (None if d[i] is None or d[i] != d[i] else d[i]) for c, d in der.items()}
-        groups.setdefault((node, tick), []).append(
-            gpu_doc(gpu, frame_id(node, gpu, tick), batch.labels[i], values, derived, notes[i], unc[i], subs[i]))
-    for (node, tick), gpus in groups.items():
+    groups: dict[tuple[str, int], list[int]] = {}
+    for i, key in enumerate(zip(batch.node, ticks, strict=True)):
+        groups.setdefault(key, []).append(i)
+    for (node, tick), rows in groups.items():  # each message encoded and dropped before the next is built
+        gpus = []
+        for i in rows:
+            gpu = batch.gpu[i]
+            values = {c: v for c, v in zip(VALUE_COLUMNS, vals[i], strict=True) if v == v}  # NaN != NaN: an empty cell
+            derived = dict(zip(DERIVED_COLUMNS, der[i], strict=True))
+            gpus.append(gpu_doc(gpu, frame_id(node, gpu, tick), batch.labels[i], values, derived, notes[i], unc[i],
+                                subs[i]))
         yield node, tick, encode_frame_doc(node, tick, grid_ns, gpus)
 
 
