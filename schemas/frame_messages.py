@@ -98,15 +98,6 @@ class FrameMessage:
         fixed = tuple(_normal(g, self.node, self.tick_ns) for g in self.gpus)
         object.__setattr__(self, "gpus", fixed)
 
-    @classmethod
-    def _of_normal(cls, node: str, tick_ns: int, grid_ns: int, gpus: tuple[GpuFrame, ...]) -> FrameMessage:
-        """A message of GPU frames that ``_normal`` made already: the decoder's way past a second
-        rebuild of every frame in ``__post_init__`` (about 7% of a frames consumer's decode)."""
-        msg = object.__new__(cls)
-        for name, value in (("node", node), ("tick_ns", tick_ns), ("grid_ns", grid_ns), ("gpus", gpus)):
-            object.__setattr__(msg, name, value)
-        return msg
-
     @property
     def id(self) -> str:
         return message_id(self.node, self.tick_ns)
@@ -170,7 +161,7 @@ def decode_frame_message(data: bytes) -> FrameMessage:
             raise FrameDecodeError("wrong_type", f"{name} must be a non-negative integer, got {val!r}")
     if not isinstance(obj["gpus"], list):
         raise FrameDecodeError("wrong_type", "gpus must be an array")
-    msg = FrameMessage._of_normal(node, tick, grid, tuple(_normal(_gpu(g), node, tick) for g in obj["gpus"]))
+    msg = FrameMessage(node, tick, grid, tuple(_gpu(g) for g in obj["gpus"]))  # its __post_init__ sets the ids
     if obj["id"] != msg.id:
         raise FrameDecodeError("wrong_id", f"id {obj['id']!r} is not the id of ({node!r}, {tick})")
     return msg
