@@ -91,3 +91,19 @@ def test_native_backend_over_tls_with_a_password_trusts_the_servers_ca_only(nati
     plain = NativeBackend(tls.replace(clickhouse_secure=False), attempts=1)  # plain text to the TLS port
     with pytest.raises(ClickHouseError):
         plain.rows("SELECT 1")
+
+
+def test_a_statements_parameters_are_the_backends_to_quote(any_settings: Settings) -> None:
+    """What the rollup repair relies on: a node name goes to the server as a parameter, quotes and all."""
+    backend = open_backend(any_settings)
+    try:
+        ensure_schema(backend)
+        db = any_settings.clickhouse_database
+        backend.execute(f"CREATE TABLE {db}.params_t (node String, hour UInt32) ENGINE = Memory")
+        node = "rack'7\\gpu \"a\" -- ;"
+        backend.execute(f"INSERT INTO {db}.params_t SELECT {backend.param('node', 'String')}, "
+                        f"{backend.param('hour', 'UInt32')}", {"node": node, "hour": 1_796_198_400})
+        _, rows = backend.rows(f"SELECT node, hour FROM {db}.params_t")
+        assert rows == [(node, 1_796_198_400)]
+    finally:
+        backend.close()
