@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from agents.sinks.clickhouse import Backend
+from agents.sinks.clickhouse import Backend, ClickHouseError, ClickHouseUnreachable
 from schemas import rollups
 from schemas.ddl import check_identifier
 
@@ -44,9 +44,16 @@ class RollupRepair:
         self.suspect = {}
         if not newest_s or not self.fed():
             return
-        for sql in rollups.rollup_disagreements(self.backend.database, newest_s - WINDOW_S):
-            for node, hour in self.backend.rows(sql)[1]:
-                self.suspect.setdefault(str(node), set()).add(int(hour))
+        try:
+            for sql in rollups.rollup_disagreements(self.backend.database, newest_s - WINDOW_S):
+                for node, hour in self.backend.rows(sql)[1]:
+                    self.suspect.setdefault(str(node), set()).add(int(hour))
+        except ClickHouseUnreachable:
+            raise  # the assignment waits for the server, as its other reads do
+        except ClickHouseError as exc:  # a server that refuses the check: the frames matter more than the rollups
+            self.suspect = {}
+            log.error("could not compare the rollups with gpu_frames; they are not checked this time: %s", exc)
+            return
         if self.suspect:
             log.info("the rollups of %d node(s) disagree with gpu_frames (a worker killed mid-insert, or another "
                      "worker's insert in flight): those this worker writes are rebuilt before their next frames",
@@ -57,9 +64,16 @@ class RollupRepair:
         db = self.backend.database
         for node in sorted(set(nodes) & self.suspect.keys()):
             for hour in sorted(self.suspect[node]):
-                for sql in rollups.rollup_rebuild(db, self.backend.param("node", "String"),
-                                                  self.backend.param("hour", "UInt32")):
-                    self.backend.execute(sql, {"node": node, "hour": hour})
+                try:
+                    for sql in rollups.rollup_rebuild(db, self.backend.param("node", "String"),
+                                                      self.backend.param("hour", "UInt32")):
+                        self.backend.execute(sql, {"node": node, "hour": hour})
+                except ClickHouseUnreachable:
+                    raise  # the write is retried, and this rebuild with it
+                except ClickHouseError as exc:  # refused (a read-only user, say): the write goes on without it
+                    log.error("could not rebuild the rollups of node %s for the hour from %d; the next assignment "
+                              "checks them again: %s", node, hour, exc)
+                    continue
                 self.rebuilt += 1
                 log.warning("rebuilt the rollups of node %s for the hour from %d: they disagreed with gpu_frames",
                             node, hour)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agents.ingest.simulated import ingest_simulation
-from agents.sinks.clickhouse import ChdbBackend
+from agents.sinks.clickhouse import ChdbBackend, ClickHouseError
 from agents.sinks.schema import ensure_schema
 from agents.sinks.store import FrameStore
 from schemas.rollups import ROLLUPS
@@ -108,3 +108,35 @@ def test_no_rollups_nothing_to_scan(tmp_path: Path) -> None:
     store = FrameStore(b)
     store.recover()
     assert not store.rollups.fed() and store.rollups.suspect == {}
+
+
+def test_a_server_that_refuses_the_check_or_the_rebuild_does_not_stop_the_writes(crashed: ChdbBackend,
+                                                                                 caplog: pytest.LogCaptureFixture,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    store = FrameStore(crashed)
+    store.recover()
+    assert store.rollups.suspect
+    real = crashed.execute
+
+    def refuse(sql: str, params: dict[str, object] | None = None) -> None:
+        if sql.startswith("ALTER TABLE"):
+            raise ClickHouseError("chDB: Code: 164. DB::Exception: Cannot execute query in readonly mode")
+        real(sql, params)
+
+    monkeypatch.setattr(crashed, "execute", refuse)
+    before = per_node(crashed)
+    next_minute = SimParams(nodes=2, gpus=2, seed=7, start_ns=PARAMS.start_ns + 160 * S)
+    assert ingest_simulation(crashed, next_minute, seconds=30, store=store) > 0  # the frames are written
+    after = per_node(crashed)
+    assert all(after[n][0] > before[n][0] for n in after) and store.rollups.rebuilt == 0
+    assert store.rollups.suspect == {} and "could not rebuild the rollups of node node-00" in caplog.text
+    real_rows = crashed.rows
+
+    def no_join(sql: str, params: dict[str, object] | None = None) -> tuple[list[str], list[tuple[object, ...]]]:
+        if "FULL OUTER JOIN" in sql:
+            raise ClickHouseError("chDB: Code: 48. DB::Exception: not supported")
+        return real_rows(sql, params)
+
+    monkeypatch.setattr(crashed, "rows", no_join)
+    store.rollups.scan(int(HOUR // S))
+    assert store.rollups.suspect == {} and "could not compare the rollups" in caplog.text
