@@ -287,3 +287,10 @@ def database_exists(backend: Backend) -> bool:
     # The name passed check_identifier ([A-Za-z_][A-Za-z0-9_]*), so it is safe as a literal.
     _, rows = backend.rows(f"SELECT count() FROM system.databases WHERE name = '{backend.database}'")
     return bool(rows and int(rows[0][0]))
+
+
+def existing_tables(backend: Backend) -> dict[str, str]:
+    """The tables and views of flopwatch's database, by name, with the statement that made each."""
+    # The name passed check_identifier, so it is safe as a literal (the two clients differ in parameter syntax).
+    _, rows = backend.rows(f"SELECT name, create_table_query FROM system.tables WHERE database = '{backend.database}'")
+    return {str(name): str(q) for name, q in rows}

@@ -13,9 +13,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from agents.sinks.clickhouse import Backend, ClickHouseError, ClickHouseUnreachable
+from agents.sinks.clickhouse import Backend, ClickHouseError, ClickHouseUnreachable, existing_tables
 from schemas import rollups
-from schemas.ddl import check_identifier
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +33,7 @@ class RollupRepair:
         """Whether both rollups are fed here (the current layout, rollups on)."""
         if self.backend.layout != "current":
             return False
-        _, rows = self.backend.rows(
-            f"SELECT count() FROM system.tables WHERE database = '{check_identifier(self.backend.database)}' "
-            f"AND name IN ({', '.join(repr(r.table + '_mv') for r in rollups.ROLLUPS)})")
-        return int(rows[0][0]) == len(rollups.ROLLUPS)
+        return {f"{r.table}_mv" for r in rollups.ROLLUPS} <= existing_tables(self.backend).keys()
 
     def scan(self, newest_s: int) -> None:
         """Note every (node, hour) within ``WINDOW_S`` of ``newest_s`` whose rollups disagree with the frames."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from agents.settings import Settings
-from agents.sinks.clickhouse import Backend, ClickHouseError
+from agents.sinks.clickhouse import Backend, ClickHouseError, existing_tables
 from schemas import cluster as cluster_ddl
 from schemas import ddl, rollups, tiers, views
 from schemas.alerts import LEAK_RULES
@@ -59,9 +59,7 @@ def plan(backend: Backend, retention_days: int = 400, rollup_days: tuple[int, in
     GPU-time at this grid). ``cluster``: the tables of ``schemas.cluster`` on that cluster, made ON CLUSTER;
     ``tiering``: the frames and rollups on that storage policy, old parts moved to its cold volume."""
     db, layout = backend.database, backend.layout
-    # The name passed check_identifier, so it is safe as a literal (the two clients differ in parameter syntax).
-    _, rows = backend.rows(f"SELECT name, create_table_query FROM system.tables WHERE database = '{db}'")
-    have = {str(name): str(q) for name, q in rows}
+    have = existing_tables(backend)
     out = Plan(db, _recorded(backend) if "schema_version" in have else (0 if have else None))
     if out.found is not None and out.found > SCHEMA_VERSION:
         return out
