@@ -86,6 +86,9 @@ class Metrics:
         self.nodes_held = Gauge("flopwatch_nodes_held",
                                 "Nodes the aligners hold state for; those quiet for FLOPWATCH_NODE_FORGET_S are "
                                 "forgotten.", registry=r)
+        self.paced = Gauge("flopwatch_paced_partitions",
+                           "Sensor topic-partitions left unread for now: read ahead of their partition's slowest "
+                           "while its open cells fill (a backlog read in step).", registry=r)
         self.held = Gauge("flopwatch_held_messages",
                           "Clock-domain sample messages waiting for their clock's beacon.", registry=r)
         self.detect_frames = Counter("flopwatch_detect_frames_total",
@@ -117,6 +120,7 @@ class Metrics:
         self.open_cells.set(stats.open_cells)
         self.nodes_held.set(stats.nodes_held)
         self.held.set(stats.held)
+        self.paced.set(stats.paced)
 
     def observe_detect(self, stats: DetectStats) -> None:
         """Take the detection agent's totals."""

@@ -155,6 +155,10 @@ class Settings:
     """Insert as soon as this many rows wait; FLOPWATCH_FLUSH_ROWS."""
     max_poll_records: int = 20000
     """Most Kafka records taken per poll; FLOPWATCH_MAX_POLL_RECORDS."""
+    max_open_samples: int = 4_000_000
+    """Most samples a partition's open cells hold (~64 bytes each): past a quarter of it, topics read ahead of
+    the slowest wait in Kafka; past it, the oldest ticks close and their stragglers are late;
+    FLOPWATCH_MAX_OPEN_SAMPLES."""
     price_book: str = ""
     """Path of the price book TOML (re-read when edited); empty: the shipped example prices; FLOPWATCH_PRICE_BOOK."""
     derive: bool = True
@@ -235,6 +239,7 @@ class Settings:
             idle_ns=int(self.source_idle_s * 1e9),
             step_idle_ns=int(self.step_idle_s * 1e9),
             forget_ns=int(self.node_forget_s * 1e9),
+            max_open_samples=self.max_open_samples,
             remember_ns=max(int(self.max_age_s * 1e9), int(self.node_forget_s * 1e9)),
         )
 
@@ -374,8 +379,8 @@ _RETIRED = {
     "idle_flush_s": "a node's cells are written once its streams were quiet for FLOPWATCH_SOURCE_IDLE_S",
 }
 
-_POSITIVE = ("partitions", "replication", "flush_interval_ms", "flush_rows", "max_poll_records", "grid_ms",
-             "source_idle_s", "step_idle_s", "node_forget_s", "max_age_s", "max_future_s", "clickhouse_port",
+_POSITIVE = ("partitions", "replication", "flush_interval_ms", "flush_rows", "max_poll_records", "max_open_samples",
+             "grid_ms", "source_idle_s", "step_idle_s", "node_forget_s", "max_age_s", "max_future_s", "clickhouse_port",
              "clock_wait_s", "frames_retention_days", "rollup_1m_retention_days", "rollup_1h_retention_days",
              "hot_days")
 

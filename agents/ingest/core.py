@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeAlias
 
@@ -34,6 +34,7 @@ from streams.align.aggregate import FrameBatch
 from streams.align.aligner import GridAligner, LateSamples, Recovered
 from streams.align.clock import ClockParams
 from streams.align.clock_domains import ClockDomains
+from streams.align.pacing import Pacer
 from streams.efficiency.enrich import Enricher, TappedAligner
 from streams.formats.pod_labels import PodLabelBook
 
@@ -73,6 +74,8 @@ class IngestStats(Counters):
     open_cells: int = 0
     nodes_held: int = 0  # nodes the aligners hold now (those quiet for node_forget_s are forgotten)
     held: int = 0  # clock-domain sample messages waiting for a beacon
+    paced: int = 0  # sensor partitions left unread now because they are ahead of their partition's slowest
+    paces: int = 0  # times a sensor partition was left unread so (streams.align.pacing)
     late: Counter[str] = field(default_factory=Counter)  # late samples by "node/sensor"
     first_record_ns: int = 0  # monotonic; for throughput figures
     first_record_cpu_s: float = 0.0  # the process's CPU time then (every thread's); for throughput figures
@@ -107,6 +110,7 @@ class IngestCore:
         self._route[self.topics.k8s_events] = (_EVENTS, -1)
         self._route[self.topics.clock_sync] = (_CLOCK, -1)
         self._aligners: dict[int, GridAligner] = {}
+        self._pacers: dict[int, Pacer] = {}
         # Records handed to an aligner since its last advance, by (partition, topic index, offset):
         # a late verdict comes back from advance() and needs the original bytes.
         self._waiting: dict[int, dict[tuple[int, int], Record]] = {}
@@ -136,6 +140,7 @@ class IngestCore:
     def revoke(self, partitions: Iterable[int]) -> None:
         for p in set(partitions):
             self._aligners.pop(p, None)
+            self._pacers.pop(p, None)
             self._clocks.drop(p)
             self._waiting.pop(p, None)
 
@@ -272,6 +277,23 @@ class IngestCore:
                 self._late(p, late)
             self._waiting.pop(p, None)
 
+    def paced(self, unread: Collection[TopicPartition]) -> set[TopicPartition]:
+        """Of the sensor partitions with records still to read (``unread``), those to leave in Kafka for now: the
+        ones read ahead of their partition's slowest while its open cells fill up (``streams.align.pacing``)."""
+        mine: dict[int, dict[Hashable, TopicPartition]] = {}
+        for tp in unread:
+            if tp.topic in self.sensor_topics:
+                mine.setdefault(tp.partition, {})[self._route[tp.topic][1]] = tp
+        out: set[TopicPartition] = set()
+        for p, aligner in self._aligners.items():
+            pacer = self._pacers.get(p)
+            if pacer is None:
+                params = aligner.params
+                pacer = self._pacers[p] = Pacer(params.max_open_samples, params.allowed_lateness_ns + params.grid_ns)
+            tps = mine.get(p, {})
+            out.update(tps[si] for si in pacer.paused(aligner.open_samples(), aligner.source_newest(), tps.keys()))
+        return out
+
     def drain(self) -> None:
         """Close every open cell: the input is bounded and has been read completely."""
         self._place_held()
@@ -369,6 +391,9 @@ class IngestCore:
 
     def open_cells(self) -> int:
         return sum(a.open_cells() for a in self._aligners.values())
+
+    def open_samples(self) -> int:
+        return sum(a.open_samples() for a in self._aligners.values())
 
     def nodes_held(self) -> int:
         return sum(a.nodes_held() for a in self._aligners.values())

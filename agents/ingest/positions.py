@@ -95,6 +95,15 @@ class Positions:
             lag += max(0, hw - pos)
         return lag
 
+    def unread(self, consumer: AIOKafkaConsumer) -> set[TopicPartition]:
+        """The assigned partitions with records behind their end, or whose end or position is not known yet."""
+        out = set()
+        for tp in consumer.assignment():
+            hw, pos = consumer.highwater(tp), self.position(tp)
+            if hw is None or pos is None or pos < hw:
+                out.add(tp)
+        return out
+
     def tick_quiet(self, consumer: AIOKafkaConsumer) -> None:
         """Run the quiet clock of each sensor partition Kafka confirms caught up. A turn counts
         for at most ``ANSWER_S``, so a stalled loop does not count as quiet."""

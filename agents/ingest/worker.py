@@ -190,10 +190,9 @@ class Ingestor:
                     # One write in flight: while it waits (for ClickHouse, agents.ingest.outage) the loop
                     # reads on, up to a bound, and the next flush starts once it is through.
                     writing = self._inflight is not None and not self._inflight.done()
-                    if self._outage.should_pause(store.pending_rows, writing):
-                        consumer.pause(*consumer.assignment())
-                    elif self._outage.should_resume(writing):
-                        consumer.resume(*consumer.paused())
+                    if not self._outage.should_pause(store.pending_rows, writing):
+                        self._outage.should_resume(writing)
+                    self._set_paused(consumer, core)
                     want = store.pending_rows >= s.flush_rows or (due and self._has_work())
                     flushed = want and not writing
                     if flushed:
@@ -235,6 +234,20 @@ class Ingestor:
         assert self._core is not None
         for tp, last in self._core.handle(batch).items():
             self._pos.read(tp, last)
+
+    def _set_paused(self, consumer: AIOKafkaConsumer, core: IngestCore) -> None:
+        """Pause what is not to be read now: every partition while a full buffer waits for ClickHouse
+        (``agents.ingest.outage``), else the sensor partitions read ahead of their partition's slowest
+        (``streams.align.pacing``)."""
+        paced = set() if self._outage.paused else core.paced(self._pos.unread(consumer))
+        want = consumer.assignment() if self._outage.paused else paced
+        now = consumer.paused()
+        if want - now:
+            consumer.pause(*(want - now))
+        if now - want:
+            consumer.resume(*(now - want))
+        core.stats.paced = len(paced)
+        core.stats.paces += len(paced - now)
 
     def _has_work(self) -> bool:
         assert self._store is not None and self._core is not None

@@ -344,6 +344,11 @@ class GridAligner:
     def open_samples(self) -> int:
         return len(self._open)
 
+    def source_newest(self) -> dict[Hashable, int]:
+        """Per source that delivered, the newest event time placed from it (``streams.align.pacing``)."""
+        newest = self._fronts.src_newest.tolist()
+        return {k: t for k, t in zip(self._reg.source_keys, newest, strict=False) if t != NO_TS}
+
     def snapshot(self) -> AlignerState:
         self._take_pending_keep_late()
         registry = {k: copy.deepcopy(getattr(self, k)) for k in _REGISTRY}

@@ -58,10 +58,12 @@ def test_ingest_totals_become_increments() -> None:
 
 def test_what_the_ingest_holds_open_is_a_gauge() -> None:
     m = Metrics(process=False)
-    m.observe_ingest(IngestStats(open_cells=17_920, held=3))
+    m.observe_ingest(IngestStats(open_cells=17_920, held=3, paced=5))
     assert value(m, "flopwatch_open_cells") == 17_920 and value(m, "flopwatch_held_messages") == 3
+    assert value(m, "flopwatch_paced_partitions") == 5
     m.observe_ingest(IngestStats(open_cells=0, held=0))  # it goes down as the watermark passes
     assert value(m, "flopwatch_open_cells") == 0 and value(m, "flopwatch_held_messages") == 0
+    assert value(m, "flopwatch_paced_partitions") == 0
 
 
 def test_a_total_that_goes_down_is_a_reset_and_counters_never_go_back() -> None:
