@@ -37,6 +37,7 @@ from aiokafka.errors import CommitFailedError
 
 from agents.ingest.core import IngestCore, IngestStats
 from agents.ingest.outage import Outage
+from agents.ingest.poll_size import PollSize
 from agents.ingest.positions import Positions
 from agents.ingest.pricebook_file import PriceBookFile
 from agents.kafka.producer import SampleProducer
@@ -100,6 +101,7 @@ class Ingestor:
         self._on_flush: Callable[[IngestStats], None] | None = None
         self._commit_failing_since = 0
         self._outage = Outage(settings.flush_rows)
+        self._poll = PollSize(settings.max_poll_records)  # records a poll asks for: a turn stays short
         self._stopping: asyncio.Event | None = None
 
     async def _on_ch(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -173,13 +175,14 @@ class Ingestor:
         self._last_flush = mono()
         try:
             while not stop.is_set():
-                batch = await consumer.getmany(timeout_ms=100)
+                batch = await consumer.getmany(timeout_ms=100, max_records=self._poll.asked)
                 if not batch and not consumer.assignment():
                     await asyncio.sleep(0.1)  # no partitions (yet, or topics gone): don't spin
                 due = mono() - self._last_flush >= s.flush_interval_ms * 1_000_000
                 if due or self._pos.unknown(consumer):
                     await self._pos.probe(consumer)  # outside the lock (Positions.probe says why)
                 async with self._lock:
+                    turn = time.perf_counter()
                     if batch:
                         if not self.stats.first_record_ns:  # before the work: a throughput figure counts it all
                             self.stats.first_record_ns = mono()
@@ -187,6 +190,7 @@ class Ingestor:
                         self._handle(batch)
                     self._pos.tick_quiet(consumer)
                     core.advance(self._pos.quiet)
+                    self._poll.took(sum(map(len, batch.values())), time.perf_counter() - turn)
                     # One write in flight: while it waits (for ClickHouse, agents.ingest.outage) the loop
                     # reads on, up to a bound, and the next flush starts once it is through.
                     writing = self._inflight is not None and not self._inflight.done()
