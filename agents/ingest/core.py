@@ -366,6 +366,9 @@ class IngestCore:
         if late.why == "disorder":
             why = (f"they are older than their series' newest sample by more than the allowed lateness "
                    f"({self.settings.lateness_ms} ms)")
+        elif late.why == "cap":
+            why = (f"their partition's open cells reached FLOPWATCH_MAX_OPEN_SAMPLES "
+                   f"({self.settings.max_open_samples:,} samples) and its oldest ticks were written early")
         elif CATALOG[si].cadence == "step":  # streams.align.steps: the short bound on a live node
             why = (f"they arrived after their per-step topic or series had fallen behind and been quiet for "
                    f"{self.settings.step_idle_s:g} s (FLOPWATCH_STEP_IDLE_S; {self.settings.source_idle_s:g} s, "

@@ -99,6 +99,7 @@ class GridAligner:
         self._open = OpenSamples()  # samples of open cells
         self._gone = GoneNodes()  # nodes forgotten after they went quiet (streams.align.forget)
         self.forgotten = 0  # nodes forgotten so far
+        self._capped_below = NO_TS  # every node's ticks below this were closed by max_open_samples
 
     # -- input ---------------------------------------------------------------------------
     def _node_id(self, node: str) -> int:
@@ -182,16 +183,17 @@ class GridAligner:
             idx = np.flatnonzero(late)
             msg = np.searchsorted(starts, idx, side="right") - 1
             disorder = fronts.series_max[sid[idx]] - ts[idx] > self.params.allowed_lateness_ns
+            capped = tick[idx] < self._capped_below
             # idx ascends, so each message's late samples are one run of msg: cut the runs in one pass (a
             # test per message would be quadratic, seconds a poll when a backlog of old data arrives).
             firsts = np.flatnonzero(np.diff(msg, prepend=-1))
             ends = [*firsts[1:].tolist(), len(idx)]
             rel = (idx - starts[msg]).tolist()
             n_of = lens.tolist()
-            for m, a, b, dis in zip(msg[firsts].tolist(), firsts.tolist(), ends, disorder[firsts].tolist(),
-                                    strict=True):
+            for m, a, b, dis, cap in zip(msg[firsts].tolist(), firsts.tolist(), ends, disorder[firsts].tolist(),
+                                         capped[firsts].tolist(), strict=True):
                 out.append(LateSamples(reg.source_keys[msg_src[m]], msg_pos[m], rel[a:b], n_of[m],
-                                       "disorder" if dis else "idle"))
+                                       "disorder" if dis else "cap" if cap else "idle"))
             keep = ~late
             ts, v, sid, src, pos, tick = ts[keep], v[keep], sid[keep], src[keep], pos[keep], tick[keep]
             unc = unc[keep]
@@ -246,7 +248,8 @@ class GridAligner:
                                  may_idle, source_hold_ns)
             if len(self._open) > self.params.max_open_samples:
                 rows = self._open.rows()
-                close = cap_open(self.params.max_open_samples, close, rows.tick, rows.node)
+                close, below = cap_open(self.params.max_open_samples, close, rows.tick, rows.node)
+                self._capped_below = max(self._capped_below, below)
             frames = self._close(close)
         self._forget(least_quiet)
         return Advance(frames, late)

@@ -195,14 +195,20 @@ def close_before(params: AlignParams, closed: I64, newest_tick: I64, wms: Mappin
     return close
 
 
-def cap_open(max_open_samples: int, close: I64, open_tick: I64, row_node: I64) -> I64:
+def cap_open(max_open_samples: int, close: I64, open_tick: I64, row_node: I64) -> tuple[I64, int]:
     """``close`` raised so that at most ``max_open_samples`` of the open samples (their ticks and
     nodes) stay open: bounded memory whatever the input rate or the skew. The oldest ticks of
-    all nodes close until the rest fit; stragglers for them become late."""
+    all nodes close until the rest fit; stragglers for them become late. Also returns the tick
+    below which the cap closed every node (``NO_TS`` when it closed nothing).
+
+    >>> close, below = cap_open(2, np.array([0, 0]), np.array([5, 6, 7, 5]), np.array([0, 0, 0, 1]))
+    >>> close.tolist(), below
+    ([6, 6], 6)
+    """
     excess = len(open_tick) - max_open_samples
-    if excess > 0:
-        oldest_kept = int(np.partition(open_tick, excess)[excess])
-        close = np.maximum(close, oldest_kept)
-        if (open_tick < close[row_node]).sum() < excess:
-            close = np.maximum(close, oldest_kept + 1)
-    return close
+    if excess <= 0:
+        return close, NO_TS
+    floor = int(np.partition(open_tick, excess)[excess])
+    if (open_tick < np.maximum(close, floor)[row_node]).sum() < excess:
+        floor += 1
+    return np.maximum(close, floor), floor

@@ -261,7 +261,10 @@ def test_open_samples_are_capped_whatever_the_skew() -> None:
     assert [f.tick_ns for f in frames] == [T0 + i * GRID for i in range(4)]
     assert a.open_samples() <= 25
     a.add("n", "0", p, [T0 + GRID], [5.0], source="s", position=1)
-    assert [x.indices for x in a.advance(0).late] == [[0]]
+    a.add("n", "0", t, [T0 + GRID], [41.0], source="s", position=2)
+    # Power's straggler is older than its series' newest by more than the lateness; temperature's is in order,
+    # behind a tick the cap wrote.
+    assert [(x.position, x.indices, x.why) for x in a.advance(0).late] == [(1, [0], "disorder"), (2, [0], "cap")]
 
 
 def test_oldest_positions_pin_open_cells_per_source() -> None:
