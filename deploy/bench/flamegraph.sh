@@ -36,15 +36,17 @@ PY
 trap cleanup EXIT
 "$py" -m agents.cli.main simulate --nodes 8 --gpus 8 --batch-size 100 --mode backlog --duration "$seconds" --seed 1 >&2
 mkdir -p "$(dirname "$out")"
-# Active samples only (no --idle): where the CPU goes, not where threads wait.
-"$spy" record --rate 250 --format flamegraph --output "$out" -- \
+# Active samples only (no --idle): where the CPU goes, not where threads wait. --nonblocking: py-spy reads the
+# worker's memory without stopping it; stopped 250 times a second, the worker fell seconds behind, its loop missed
+# the group's heartbeats and the group dropped it, so the profile showed the replays of a rebalance storm.
+"$spy" record --nonblocking --rate 250 --format flamegraph --output "$out" -- \
   "$py" -m agents.cli.main worker --runtime plain --exit-when-idle 3 --progress json 2>"$work/worker.log" >&2 \
   || { tail -20 "$work/worker.log" >&2; exit 1; }
 # The same again in the collapsed-stack format, for a table of where the time goes.
 "$py" -c 'from agents.kafka.admin import delete_topics; from agents.settings import load_settings; delete_topics(load_settings())'
 "$py" -m agents.cli.main simulate --nodes 8 --gpus 8 --batch-size 100 --mode backlog --duration "$seconds" --seed 1 >&2
 rm -rf "$work/chdb"
-"$spy" record --rate 250 --format raw --output "$work/stacks.txt" -- \
+"$spy" record --nonblocking --rate 250 --format raw --output "$work/stacks.txt" -- \
   "$py" -m agents.cli.main worker --runtime plain --exit-when-idle 3 --progress json 2>"$work/worker.log" >&2 \
   || { tail -20 "$work/worker.log" >&2; exit 1; }
 "$py" deploy/bench/stacks.py "$work/stacks.txt" "${out%.svg}.txt" --rate 250 >/dev/null
