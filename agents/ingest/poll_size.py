@@ -4,7 +4,7 @@ A turn (decode and place a poll, close the cells it releases) holds the event lo
 loop also runs the consumer group's heartbeats: a turn longer than the session timeout
 (``FLOPWATCH_KAFKA_SESSION_TIMEOUT_S``, 10 s) has the group drop the worker, and every turn
 after as long again makes a rebalance storm that reads the same records over and over. A
-fixed count of records does not bound a turn: 20,000 messages of 100 samples took 1.3-2.7 s
+fixed count of records does not bound a turn: 20,000 messages of 100 samples took 1.3-3.9 s
 here, under a profiler three times that and the group dropped the worker on every poll, and
 messages of 1,000 samples take ten times as long. So the count follows the cost measured per
 record, aiming at ``TURN_S`` a turn, between ``LEAST`` and the ``FLOPWATCH_MAX_POLL_RECORDS``
