@@ -110,11 +110,13 @@ write_config() {
 format_storage() {
   [[ -f "$data/meta.properties" ]] && return 0
   # A cluster id is a base64url-encoded random 16-byte UUID (what
-  # `kafka-storage random-uuid` prints), made here without a JVM launch.
+  # `kafka-storage random-uuid` prints), made here without a JVM launch. One in
+  # 64 starts with "-", which `-t "$id"` hands the tool's parser as an option
+  # (the format fails: "expected one argument"), so it goes as --cluster-id=.
   local id
   id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')"
   say "formatting $data (cluster id $id)"
-  kafka_tool kafka.tools.StorageTool format -t "$id" -c "$props" >>"$logs/storage.log" 2>&1 \
+  kafka_tool kafka.tools.StorageTool format --cluster-id="$id" -c "$props" >>"$logs/storage.log" 2>&1 \
     || { tail -n 20 "$logs/storage.log" >&2; die "storage format failed"; }
 }
 

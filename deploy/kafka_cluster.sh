@@ -71,7 +71,7 @@ cluster_start() {  # N
     dir="$(cluster_dir "$i")"
     cluster_write_config "$i" "$n"
     if [[ ! -f "$dir/data/meta.properties" ]]; then
-      kafka_tool kafka.tools.StorageTool format -t "$id" -c "$dir/server.properties" >>"$dir/logs/storage.log" 2>&1 \
+      kafka_tool kafka.tools.StorageTool format --cluster-id="$id" -c "$dir/server.properties" >>"$dir/logs/storage.log" 2>&1 \
         || { tail -n 20 "$dir/logs/storage.log" >&2; die "storage format of broker $i failed"; }
     fi
     printf '\n==== start %s (Kafka %s, broker %s of %s) ====\n' "$(date -Is)" "$KAFKA_VERSION" "$i" "$n" \

@@ -61,7 +61,7 @@ ssl.endpoint.identification.algorithm=https
 EOF
   broker_props 1 1 >>"$props")
   if [[ ! -f "$secure_root/data/meta.properties" ]]; then
-    kafka_tool kafka.tools.StorageTool format -t "$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')" \
+    kafka_tool kafka.tools.StorageTool format --cluster-id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')" \
       -c "$props" --add-scram "SCRAM-SHA-512=[name=admin,password=$KAFKA_ADMIN_PASSWORD]" \
       --add-scram "SCRAM-SHA-512=[name=flopwatch,password=$FLOPWATCH_KAFKA_SASL_PASSWORD]" \
       >>"$secure_root/logs/storage.log" 2>&1 || { tail -n 20 "$secure_root/logs/storage.log" >&2; die "storage format failed"; }
