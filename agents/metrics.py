@@ -35,7 +35,7 @@ from schemas.records import RejectReason
 
 if TYPE_CHECKING:  # types only: importing the agents would pull River and Kafka into every user of this module
     from agents.detect.agent import DetectStats
-    from agents.ingest.core import IngestStats
+    from agents.ingest.stats import IngestStats
     from schemas.alerts import Alert
     from streams.decide.engine import DecisionTally
 

@@ -12,22 +12,21 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections import Counter
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, TypeAlias
+from typing import TypeAlias
 
 import numpy as np
 from aiokafka import ConsumerRecord, TopicPartition
 
 from agents.ingest.commits import commit_offsets
+from agents.ingest.refusals import RejectSink, late_detail
+from agents.ingest.stats import IngestStats
 from agents.kafka.topics import Topics
 from agents.runtime.timebase import SYSTEM_CLOCK, Clock
 from agents.settings import Settings
 from agents.sinks.store import FrameStore, Progress
 from schemas.catalog import CATALOG
 from schemas.codec import TimeLimits, decode_beacon, decode_k8s_event, decode_samples
-from schemas.counters import Counters
 from schemas.poll_decode import decode_poll
 from schemas.records import UTC_CLOCK, Reject, RejectReason, SampleBatch
 from streams.align.aggregate import FrameBatch
@@ -42,52 +41,6 @@ log = logging.getLogger("agents.ingest.worker")
 Record: TypeAlias = "ConsumerRecord[bytes, bytes]"
 Poll: TypeAlias = "Mapping[TopicPartition, Sequence[Record]]"
 _SENSOR, _EVENTS, _CLOCK = 0, 1, 2
-
-
-class RejectSink(Protocol):
-    """Where refused records go (``agents.sinks.deadletter.DeadLetter``); counts by reason."""
-
-    counts: Counter[str]
-
-    def send(self, reject: Reject, value: bytes | None, key: bytes | None, topic: str, partition: int, offset: int,
-             headers: Any = (), indices: list[int] | None = None) -> None: ...
-
-
-@dataclass(slots=True)
-class IngestStats(Counters):
-    """Running totals, for progress display and the benchmark."""
-
-    messages: int = 0
-    samples: int = 0
-    frames_written: int = 0
-    frames_published: int = 0  # messages (one per node and tick) acknowledged on flopwatch.frames
-    events_written: int = 0
-    beacons: int = 0
-    replayed_dropped: int = 0
-    commits_refused: int = 0  # commits Kafka turned down because the group had rebalanced
-    commits_failed: int = 0  # commits that timed out (Kafka unreachable); a later flush commits again
-    internal_errors: int = 0  # records that tripped a bug of ours (dead-lettered as internal_error)
-    frames_past_retention: int = 0  # frames written older than the table's retention: the server drops them
-    rejects: Counter[str] = field(default_factory=Counter)
-    lag: int | None = None  # records behind the end of the assigned partitions; None: not known yet
-    flushes: int = 0
-    open_cells: int = 0
-    nodes_held: int = 0  # nodes the aligners hold now (those quiet for node_forget_s are forgotten)
-    held: int = 0  # clock-domain sample messages waiting for a beacon
-    paced: int = 0  # sensor partitions left unread now because they are ahead of their partition's slowest
-    paces: int = 0  # times a sensor partition was left unread so (streams.align.pacing)
-    late: Counter[str] = field(default_factory=Counter)  # late samples by "node/sensor"
-    first_record_ns: int = 0  # monotonic; for throughput figures
-    first_record_cpu_s: float = 0.0  # the process's CPU time then (every thread's); for throughput figures
-    detect: dict[str, Any] = field(default_factory=dict)  # the detection agent's figures, when one runs beside
-
-    unreported: ClassVar[frozenset[str]] = frozenset({"first_record_ns", "first_record_cpu_s", "detect"})
-
-    def as_dict(self) -> dict[str, Any]:
-        out = Counters.as_dict(self)  # not super(): a slotted dataclass is a new class, its cell the old one
-        if self.detect:
-            out["detect"] = dict(self.detect)
-        return out
 
 
 class IngestCore:
@@ -363,20 +316,7 @@ class IngestCore:
             return
         node = rec.key.decode(errors="replace") if rec.key else "?"
         self.stats.late[f"{node}/{CATALOG[si].name}"] += len(late.indices)
-        if late.why == "disorder":
-            why = (f"they are older than their series' newest sample by more than the allowed lateness "
-                   f"({self.settings.lateness_ms} ms)")
-        elif late.why == "cap":
-            why = (f"their partition's open cells reached FLOPWATCH_MAX_OPEN_SAMPLES "
-                   f"({self.settings.max_open_samples:,} samples) and its oldest ticks were written early")
-        elif CATALOG[si].cadence == "step":  # streams.align.steps: the short bound on a live node
-            why = (f"they arrived after their per-step topic or series had fallen behind and been quiet for "
-                   f"{self.settings.step_idle_s:g} s (FLOPWATCH_STEP_IDLE_S; {self.settings.source_idle_s:g} s, "
-                   f"FLOPWATCH_SOURCE_IDLE_S, in a backlog or burst) while the others moved on")
-        else:
-            why = (f"they arrived after their topic or series had fallen behind and been quiet for "
-                   f"{self.settings.source_idle_s:g} s (FLOPWATCH_SOURCE_IDLE_S) while the others moved on")
-        detail = f"{len(late.indices)} of {late.total} samples fall in grid cells already written: {why}"
+        detail = late_detail(self.settings, late, CATALOG[si].cadence == "step")
         self._dlq.send(Reject(RejectReason.LATE, detail), rec.value, rec.key, topic, partition, late.position,
                        rec.headers, indices=late.indices if late.total > 1 else None)
         self.stats.rejects = self._dlq.counts

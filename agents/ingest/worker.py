@@ -35,11 +35,12 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import CommitFailedError
 
-from agents.ingest.core import IngestCore, IngestStats
+from agents.ingest.core import IngestCore
 from agents.ingest.outage import Outage
 from agents.ingest.poll_size import PollSize
 from agents.ingest.positions import Positions
 from agents.ingest.pricebook_file import PriceBookFile
+from agents.ingest.stats import IngestStats
 from agents.kafka.producer import SampleProducer
 from agents.kafka.topics import Topics, aiokafka_config
 from agents.runtime.give_way import AgentQueues

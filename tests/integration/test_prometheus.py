@@ -25,7 +25,7 @@ import pytest
 
 from agents.decide.scale_view import ScaleView
 from agents.detect.agent import DetectStats
-from agents.ingest.core import IngestStats
+from agents.ingest.stats import IngestStats
 from agents.metrics import Metrics
 from agents.web import WebOptions, install_web
 from streams.decide.engine import DecisionTally

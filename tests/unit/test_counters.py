@@ -11,7 +11,7 @@ import schemas.counters
 from agents.act.consumer import ActStats
 from agents.collect.replay import FileSummary
 from agents.collect.simulator import PublishStats
-from agents.ingest.core import IngestStats
+from agents.ingest.stats import IngestStats
 
 
 def test_doctests_pass() -> None:

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agents.detect.agent import DetectStats
-from agents.ingest.core import IngestStats
+from agents.ingest.stats import IngestStats
 from agents.metrics import DELAY_BUCKETS_S, AlertDelays, Metrics
 from schemas.alerts import make_alert
 from streams.decide.engine import DecisionTally
