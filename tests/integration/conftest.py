@@ -23,16 +23,6 @@ from agents.sinks.clickhouse import NativeBackend
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``deploy/test.sh``'s ``-n``), one worker runs every integration test, one after another:
-    they share the broker and the ClickHouse server, and some stop or restart them. Most of their time is spent
-    waiting on the wall clock, so the unit tests and doctests run beside them on the other workers."""
-    here = Path(__file__).resolve().parent
-    for item in items:
-        if here in Path(item.path).resolve().parents:
-            item.add_marker(pytest.mark.xdist_group("services"))
-
-
 @pytest.fixture(scope="session")
 def service_env() -> Iterator[dict[str, str]]:
     if os.environ.get("FLOPWATCH_KAFKA_BOOTSTRAP"):
