@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -85,24 +85,24 @@ class Positions:
             if task.exception() is None and epoch == self._epoch:
                 self._probed[asks[task]] = task.result()
 
+    def behind(self, consumer: AIOKafkaConsumer) -> Iterator[tuple[TopicPartition, int | None]]:
+        """Per assigned partition, the records behind its end (None while its end or position is not known)."""
+        for tp in consumer.assignment():
+            hw, pos = consumer.highwater(tp), self.position(tp)
+            yield tp, None if hw is None or pos is None else max(0, hw - pos)
+
     def lag(self, consumer: AIOKafkaConsumer) -> int | None:
         """Records behind the end of every assigned partition; None until each end is known."""
         lag = 0
-        for tp in consumer.assignment():
-            hw, pos = consumer.highwater(tp), self.position(tp)
-            if hw is None or pos is None:
+        for _, n in self.behind(consumer):
+            if n is None:
                 return None
-            lag += max(0, hw - pos)
+            lag += n
         return lag
 
     def unread(self, consumer: AIOKafkaConsumer) -> set[TopicPartition]:
         """The assigned partitions with records behind their end, or whose end or position is not known yet."""
-        out = set()
-        for tp in consumer.assignment():
-            hw, pos = consumer.highwater(tp), self.position(tp)
-            if hw is None or pos is None or pos < hw:
-                out.add(tp)
-        return out
+        return {tp for tp, n in self.behind(consumer) if n != 0}
 
     def tick_quiet(self, consumer: AIOKafkaConsumer) -> None:
         """Run the quiet clock of each sensor partition Kafka confirms caught up. A turn counts

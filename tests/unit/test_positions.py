@@ -55,10 +55,24 @@ def test_quiet_clock_counts_only_confirmed_caught_up_time() -> None:
     assert pos.quiet[a] == 2 * S + int(ANSWER_S * S)  # responses up to ANSWER_S old still count
     turn(30.0)  # a stalled loop counts for at most ANSWER_S
     assert pos.quiet[a] == 2 * S + 2 * int(ANSWER_S * S)
-    assert pos.lag(kafka) == 3
+    assert pos.lag(kafka) == 3 and pos.unread(kafka) == {b}
     kafka.paused_tps = {a}  # reading paused (ClickHouse away): its last answer no longer confirms anything
     turn(1.0)
     assert pos.quiet[a] == 2 * S + 2 * int(ANSWER_S * S)
     kafka.paused_tps = set()
     pos.revoked([a])
     assert a not in pos.quiet and pos.position(a) is None
+
+
+def test_lag_and_unread_while_an_end_or_a_position_is_not_known() -> None:
+    pos, kafka = Positions(), _Fetches()
+    a, b, c = (TopicPartition("sensors.power", p) for p in range(3))
+    pos.assigned([a, b, c])
+    kafka.hw = {a: 5, b: 7, c: 0}
+    pos.read(a, 4)  # a read to its end; b's position not known yet; c empty, its position not known either
+    assert pos.lag(kafka) is None and pos.unread(kafka) == {b, c}
+    pos.read(b, 6)
+    pos._probed[c] = 0  # what probe() learns from Kafka for a partition not read from yet
+    assert pos.lag(kafka) == 0 and pos.unread(kafka) == set()
+    kafka.hw[a] = 9  # more records came
+    assert pos.lag(kafka) == 4 and pos.unread(kafka) == {a}
