@@ -68,7 +68,7 @@ def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> list[str]:
             except Exception as exc:  # a concurrent worker may have created it first
                 if "TOPIC_ALREADY_EXISTS" not in str(exc):
                     raise
-        meta = admin.list_topics(timeout=timeout_s)
+        meta = _until_listed(admin, missing, timeout_s)
     thin = sorted(t for t in topics.all if t in meta.topics and any(
         len(p.replicas) < settings.replication for p in meta.topics[t].partitions.values()))
     if thin:  # made earlier with a lower replication: they work, but say so (Kafka cannot raise it in place)
@@ -83,6 +83,23 @@ def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> list[str]:
             f"input topics must all have {settings.partitions} partitions so one worker sees every stream "
             f"of a node; found {detail}. Set FLOPWATCH_PARTITIONS or repartition the topics.")
     return missing
+
+
+def _until_listed(admin: AdminClient, created: list[str], timeout_s: float) -> ClusterMetadata:
+    """The cluster's metadata once every created topic is in it with its partitions. A broker learns of a new
+    topic from the controller a moment after the creation is acknowledged: a client started at once (a collector
+    that checks its topic) could otherwise be told the topic is not there."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        meta = admin.list_topics(timeout=timeout_s)
+        unseen = [t for t in created if t not in meta.topics or meta.topics[t].error is not None
+                  or not meta.topics[t].partitions]
+        if not unseen:
+            return meta
+        if time.monotonic() >= deadline:
+            raise TopicLayoutError(f"{len(unseen)} topic(s) created but not in the cluster's metadata after "
+                                   f"{timeout_s:g} s (e.g. {unseen[0]})")
+        time.sleep(0.1)
 
 
 def delete_topics(settings: Settings, timeout_s: float = 30.0) -> None:
