@@ -1,8 +1,9 @@
 """How the suite is spread over pytest-xdist's workers (``deploy/test.sh`` runs it with ``-n 2 --dist loadgroup``).
 
-Every integration test runs on one worker, one after another: they share the session's broker and
-clickhouse-server, and some stop or restart them. Most of their time is spent waiting on the wall clock (the
-machine is 10-30% busy while they run), so the unit tests and doctests run on the other worker beside them.
+The integration tests spend most of their time waiting on the wall clock (the machine is 10-30% busy while they
+run), so they run in two queues beside each other, one test at a time in each: those that bring their own brokers
+or servers (and stop, kill or restart only those: tests/integration/own_services.py), and the rest, which share
+the session's broker and clickhouse-server. The unit tests and doctests fill in on whichever worker is free.
 
 xdist's own ``loadgroup`` renames each grouped test's node id to carry its group, which pytest 9 no longer lets a
 plugin do (the id lives in ``Node._id``): the groups would be ignored. So the grouping is a scheduler of ours.
@@ -17,18 +18,26 @@ import pytest
 if TYPE_CHECKING:
     from xdist.scheduler import LoadScopeScheduling
 
-SERVICES = "tests/integration/"
+INTEGRATION = "tests/integration/"
+# The slow tests whose faults hit services of their own, and the rest of their queue: about 500 s of the 1,670.
+OWN_SERVICES = tuple(INTEGRATION + t for t in (
+    "test_clickhouse_outage.py", "test_bursts.py::test_a_broker_restart", "test_kafka_cluster.py",
+    "test_kafka_secure.py", "test_cluster.py", "test_chdb_merge_kill.py"))
 
 
 def scope_of(nodeid: str) -> str:
-    """The unit of work a test belongs to: the integration tests are one, every other test its own.
+    """The queue a test belongs to: one of the two of the integration tests, or its own (any other test).
 
     >>> scope_of("tests/integration/test_crash.py::test_sigkill_mid_run[chdb-0]")
-    'services'
+    'shared-services'
+    >>> scope_of("tests/integration/test_kafka_cluster.py::test_two_broker_kills_mid_run")
+    'own-services'
     >>> scope_of("tests/unit/test_align.py::test_late")
     'tests/unit/test_align.py::test_late'
     """
-    return "services" if nodeid.startswith(SERVICES) else nodeid
+    if nodeid.startswith(OWN_SERVICES):
+        return "own-services"
+    return "shared-services" if nodeid.startswith(INTEGRATION) else nodeid
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadScopeScheduling | None:
@@ -36,8 +45,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadScopeSch
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class ServicesTogether(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no type information
+    class IntegrationQueues(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no type information
         def _split_scope(self, nodeid: str) -> str:
             return scope_of(nodeid)
 
-    return ServicesTogether(config, log)
+    return IntegrationQueues(config, log)

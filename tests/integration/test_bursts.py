@@ -7,26 +7,27 @@ with no sample dead-lettered ``late`` and no duplicate row (``count()`` equals
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agents.collect.simulator import SimulatorPublisher
+from agents.kafka.admin import ensure_topics
 from agents.settings import Settings
 from agents.sinks.clickhouse import open_backend
 from schemas.catalog import CATALOG
 from schemas.records import SampleBatch
 from streams.sim.simulate import SimParams
-from tests.integration.conftest import ROOT
 from tests.integration.helpers import Worker, assert_frames_equal, live_run, stored_frames
+from tests.integration.own_services import OwnKafka
 from tests.oracle import oracle, series_of
 
 pytestmark = pytest.mark.integration
 
+RESTART_PORT = 19292  # its controller on 19293; test_kafka_cluster has 19092-19097, the secure broker 9192
 ISSUE_SENSORS = frozenset({"gpu_util", "sm_active", "tensor_active", "fb_used", "power", "temperature"})
 
 
@@ -105,30 +106,29 @@ def test_bursts_on_a_worker_started_before_any_data_give_exact_frames(
         worker.stop()
 
 
-def _kafka(action: str) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "FLOPWATCH_KAFKA_BOOTSTRAP"}
-    subprocess.run([str(ROOT / "deploy/kafka.sh"), action], env=env, check=True, timeout=180,
-                   stdout=subprocess.DEVNULL)
-
-
 def test_a_broker_restart_while_collectors_produce_loses_nothing_and_makes_nothing_late(
-        native_settings: Settings) -> None:
-    """The broker stops for 30 s; the simulator keeps producing live (its client buffers)."""
-    status = subprocess.run([str(ROOT / "deploy/kafka.sh"), "status"], capture_output=True, text=True,
-                            env={k: v for k, v in os.environ.items() if k != "FLOPWATCH_KAFKA_BOOTSTRAP"})
-    assert status.returncode == 0, "this test restarts the local broker of deploy/kafka.sh, which is not running"
-    settings = native_settings.replace(source_idle_s=15.0)
-    params = SimParams(nodes=2, gpus=2, seed=63, start_ns=whole_second(0))
-    with live_run(settings, params, 70.0) as (pub, worker, producing):
-        worker.wait_for(lambda st: st["frames_written"] > 0)
-        time.sleep(5.0)
-        _kafka("stop")
-        time.sleep(30.0)
-        _kafka("start")
-        producing.join(120)
-        assert not producing.is_alive()
-        last = wait_exact(worker, settings, list(pub.sent), timeout_s=180)
-        assert last["samples"] == pub.stats.samples
+        native_settings: Settings, tmp_path: Path) -> None:
+    """The broker stops for 30 s; the simulator keeps producing live (its client buffers). The broker is the
+    test's own (the tests beside it use the session's)."""
+    broker = OwnKafka(tmp_path / "kafka", RESTART_PORT)
+    broker.start()
+    try:
+        assert broker.bootstrap == f"127.0.0.1:{RESTART_PORT}", broker.bootstrap  # not the session's broker
+        settings = native_settings.replace(source_idle_s=15.0, kafka_bootstrap=broker.bootstrap)
+        ensure_topics(settings)
+        params = SimParams(nodes=2, gpus=2, seed=63, start_ns=whole_second(0))
+        with live_run(settings, params, 70.0) as (pub, worker, producing):
+            worker.wait_for(lambda st: st["frames_written"] > 0)
+            time.sleep(5.0)
+            broker.stop()
+            time.sleep(30.0)
+            broker.start()
+            producing.join(120)
+            assert not producing.is_alive()
+            last = wait_exact(worker, settings, list(pub.sent), timeout_s=180)
+            assert last["samples"] == pub.stats.samples
+    finally:
+        broker.close()
 
 
 def test_a_backlog_past_the_open_cells_bound_is_read_in_step_and_loses_nothing(native_settings: Settings) -> None:

@@ -1,4 +1,4 @@
-"""clickhouse-server stops mid-run, for 10 s and then for 60 s: the worker commits nothing meanwhile,
+"""A clickhouse-server of the test's own stops mid-run, for 10 s and then for 60 s: the worker commits nothing meanwhile,
 pauses reading once its buffer is full, says so once per change, and catches up when the server is
 back: frames exact, nothing doubled, memory bounded (agents/ingest/outage.py).
 
@@ -8,24 +8,19 @@ which CI leaves out for its length."""
 from __future__ import annotations
 
 import os
-import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from agents.settings import Settings
 from streams.sim.simulate import SimParams
-from tests.integration.conftest import ROOT
 from tests.integration.helpers import live_run
+from tests.integration.own_services import OwnClickHouse
 from tests.integration.test_bursts import wait_exact, whole_second
 
 pytestmark = pytest.mark.integration
 OUTAGES = tuple(float(x) for x in os.environ.get("FLOPWATCH_OUTAGES", "10,60").split(","))
-
-
-def clickhouse(action: str) -> None:
-    subprocess.run([str(ROOT / "deploy/clickhouse.sh"), action], env=dict(os.environ), check=True, timeout=180,
-                   stdout=subprocess.DEVNULL)
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -33,22 +28,32 @@ def peak_rss_mib(pid: int) -> float:
         return next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:")) / 1024
 
 
-def test_clickhouse_outages_of_10_and_60_s_lose_and_double_nothing(native_settings: Settings) -> None:
+def test_clickhouse_outages_of_10_and_60_s_lose_and_double_nothing(native_settings: Settings, tmp_path: Path) -> None:
+    # The server stopped is the test's own: the tests beside it write to the session's.
+    server = OwnClickHouse(tmp_path / "state")
+    server.run("start")
+    try:
+        _outages(native_settings.replace(clickhouse_port=server.port), server)
+    finally:
+        server.run("stop")
+
+
+def _outages(settings: Settings, server: OwnClickHouse) -> None:
     # 4 nodes x 8 GPUs: 36 frames a second; 200 rows a flush: reading pauses at 800 buffered rows.
-    settings = native_settings.replace(flush_rows=200)
+    settings = settings.replace(flush_rows=200)
     duration = max(120.0, sum(OUTAGES) + 8 * len(OUTAGES) + 34)  # produced through every outage and after
     with live_run(settings, SimParams(nodes=4, gpus=8, seed=66, start_ns=whole_second(0)), duration) as (
             pub, worker, producing):
         worker.wait_for(lambda st: st["frames_written"] > 0)
         for outage_s in OUTAGES:
             time.sleep(8.0)
-            clickhouse("stop")
+            server.run("stop")
             stopped = time.monotonic()
             worker.wait_for_log("unreachable", timeout_s=60)  # one line when a write first fails
             if outage_s > 30:  # long enough for the buffer to fill: reading pauses
                 worker.wait_for_log("reading paused", timeout_s=outage_s)
             time.sleep(max(0.0, outage_s - (time.monotonic() - stopped)))
-            clickhouse("start")
+            server.run("start")
             worker.wait_for_log("ClickHouse is back after", timeout_s=120)
             if outage_s > 30:
                 worker.wait_for_log("reading resumed", timeout_s=60)

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import collections
 import os
-import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -22,8 +20,8 @@ from agents.kafka.topics import Topics, confluent_config
 from agents.settings import Settings, load_settings
 from agents.sinks.clickhouse import NativeBackend
 from streams.sim.simulate import SimParams
-from tests.integration.conftest import ROOT
 from tests.integration.helpers import live_run
+from tests.integration.own_services import OwnKafka
 from tests.integration.test_bursts import wait_exact, whole_second
 
 pytestmark = pytest.mark.integration
@@ -31,45 +29,18 @@ pytestmark = pytest.mark.integration
 PORT = 19092  # brokers on 19092, 19094, 19096; their controllers one above each
 
 
-class Cluster:
-    def __init__(self, state: Path) -> None:
-        self.state = state
-        # Three JVMs starting at once on a loaded 2-core CI machine: a broker's own deadline of 180 s, not 90.
-        self.env = {k: v for k, v in os.environ.items() if k != "FLOPWATCH_KAFKA_BOOTSTRAP"} | {
-            "FLOPWATCH_KAFKA_PORT": str(PORT), "FLOPWATCH_KAFKA_CONTROLLER_PORT": str(PORT + 1),
-            "FLOPWATCH_KAFKA_CLUSTER_DIR": str(state), "FLOPWATCH_KAFKA_HEAP": "384m",
-            "FLOPWATCH_KAFKA_START_TIMEOUT": "180"}
-        self.bootstrap = ""
-
-    def run(self, *args: str) -> str:
-        out = subprocess.run([str(ROOT / "deploy/kafka.sh"), *args], env=self.env, capture_output=True, text=True,
-                             timeout=600)
-        if out.returncode:
-            # kafka.sh says why on stderr and the brokers' logs say the rest: a CI failure must carry both.
-            logs = "".join(f"\n--- {log} (tail)\n" + "".join(log.read_text(errors="replace").splitlines(True)[-30:])
-                           for log in sorted(self.state.glob("n*/logs/server.log")))
-            pytest.fail(f"deploy/kafka.sh {' '.join(args)} exited {out.returncode}\n{out.stderr}{logs}", pytrace=False)
-        return out.stdout.strip()
-
-    def start(self) -> None:
-        self.bootstrap = self.run("start", "--brokers", "3").splitlines()[-1]
-
-    def kill(self, broker: int) -> None:
-        self.run("kill", str(broker))
-
-
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("kafka-cluster"))
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnKafka]:
+    c = OwnKafka(tmp_path_factory.mktemp("kafka-cluster"), PORT, brokers=3)
     c.start()
     try:
         yield c
     finally:
-        subprocess.run([str(ROOT / "deploy/kafka.sh"), "stop", "--cluster"], env=c.env, check=False, timeout=180)
+        c.close()
 
 
 @pytest.fixture
-def cluster_settings(cluster: Cluster, service_env: dict[str, str]) -> Iterator[Settings]:
+def cluster_settings(cluster: OwnKafka, service_env: dict[str, str]) -> Iterator[Settings]:
     """Fresh topics on the cluster (replication 3); frames to the session's clickhouse-server, which the
     checks read while the worker runs."""
     tag = os.urandom(4).hex()
@@ -114,7 +85,7 @@ def test_the_topics_are_replicated_three_times_with_two_in_sync_required(cluster
         raise AssertionError(f"no broker described {topic} within 30 s")
 
 
-def test_two_broker_kills_mid_run_lose_and_duplicate_nothing(cluster: Cluster, cluster_settings: Settings) -> None:
+def test_two_broker_kills_mid_run_lose_and_duplicate_nothing(cluster: OwnKafka, cluster_settings: Settings) -> None:
     settings = cluster_settings
     killed: list[int] = []
     with live_run(settings, SimParams(nodes=2, gpus=2, seed=65, start_ns=whole_second(0)), 80.0) as (
