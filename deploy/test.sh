@@ -24,9 +24,10 @@ trap stop_services EXIT
 deploy/services.sh start > "$env_file"
 # shellcheck disable=SC1090
 source "$env_file"
-# The whole suite runs on pytest-xdist workers: one runs the integration tests in turn (they share the services
-# and mostly wait on the wall clock; tests/integration/conftest.py), the others the unit tests and doctests beside
-# them. FLOPWATCH_TEST_WORKERS=0 runs everything in this process. Arguments given, pytest gets only those.
+# The whole suite runs on pytest-xdist workers: the integration tests, which mostly wait on the wall clock, in two
+# queues side by side (those with services of their own, and those on the session's; tests/conftest.py), the unit
+# tests and doctests wherever a worker is free. FLOPWATCH_TEST_WORKERS=0 runs everything in this process.
+# Arguments given, pytest gets only those.
 args=("$@")
 if [ $# -eq 0 ]; then
   args=(-n "${FLOPWATCH_TEST_WORKERS:-2}" --dist loadgroup)

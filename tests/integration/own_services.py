@@ -84,3 +84,7 @@ class OwnClickHouse:
     def run(self, action: str) -> None:
         _run("clickhouse.sh", (action,), self.env, [self.state / "clickhouse/logs/clickhouse-server.err.log",
                                                     self.state / "clickhouse/logs/stdout.log"])
+
+    def close(self) -> None:
+        """Stop the server, whatever state the test left it in (a failing stop must not hide the test's error)."""
+        subprocess.run([str(ROOT / "deploy/clickhouse.sh"), "stop"], env=self.env, check=False, timeout=180)

@@ -35,7 +35,7 @@ def test_clickhouse_outages_of_10_and_60_s_lose_and_double_nothing(native_settin
     try:
         _outages(native_settings.replace(clickhouse_port=server.port), server)
     finally:
-        server.run("stop")
+        server.close()
 
 
 def _outages(settings: Settings, server: OwnClickHouse) -> None:
