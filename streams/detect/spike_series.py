@@ -86,8 +86,10 @@ class BucketSeries:
             self.cut = keep_from
         if keep_from > self.m_from:
             self.m_from = keep_from
-        if keep_from - self.lowest <= 64:
-            # The usual case (a tick closing releases ~10 buckets): pop the few, don't rebuild.
+        if keep_from - self.lowest <= max(64, len(self.vals)):
+            # The usual case (a tick closing releases ~10 buckets, a poll's closes a few ticks' worth): pop the
+            # released ones; a rebuild would walk every bucket kept. Only a gap far wider than what is held (a
+            # series back after hours) is cheaper to rebuild.
             pop = self.vals.pop
             for b in range(self.lowest, keep_from):
                 pop(b, None)
