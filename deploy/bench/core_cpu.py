@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from agents.collect.simulator import SimulatorPublisher
 from agents.ingest.core import IngestCore
 from agents.ingest.pricebook_file import PriceBookFile
+from agents.runtime.gc_tuning import tune_for_throughput
 from agents.runtime.timebase import ManualClock
 from agents.settings import Settings, load_settings
 from agents.sinks.frames_out import encode_batch
@@ -143,13 +144,15 @@ def main() -> None:
     ap.add_argument("--poll", type=int, default=2_000, help="records per poll")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--profile", action="store_true", help="cProfile one more round, to stderr")
+    ap.add_argument("--sort", default="tottime", help="the profile's order: tottime or cumulative")
+    ap.add_argument("--top", type=int, default=25, help="the profile's rows")
     args = ap.parse_args()
     settings = load_settings({}, topic_prefix="core.")
     grid_ns = settings.align_params().grid_ns
     recs, samples = records(settings, args.seconds)
     polls = cut(recs, args.poll)
     gc.collect()
-    gc.freeze()  # the records stay for the whole run: no collection should walk them
+    tune_for_throughput()  # the worker's collector settings (``flopwatch worker`` sets them at start)
     cpus = []
     digests: dict[str, str] = {}
     for _ in range(args.rounds):
@@ -160,7 +163,7 @@ def main() -> None:
     if args.profile:
         prof = cProfile.Profile()
         prof.runcall(one_round, settings, polls, grid_ns, args.seconds)
-        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
+        pstats.Stats(prof, stream=sys.stderr).sort_stats(args.sort).print_stats(args.top)
     best = min(cpus)
     print(json.dumps({
         "samples": samples, "records": len(recs), "polls": len(polls), "frames_sha256": frames,
