@@ -10,8 +10,10 @@ benchmark replaying recorded polls, and the worker.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import logging
+import operator
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from typing import TypeAlias
 
@@ -41,6 +43,7 @@ log = logging.getLogger("agents.ingest.worker")
 Record: TypeAlias = "ConsumerRecord[bytes, bytes]"
 Poll: TypeAlias = "Mapping[TopicPartition, Sequence[Record]]"
 _SENSOR, _EVENTS, _CLOCK = 0, 1, 2
+_offset = operator.attrgetter("offset")
 
 
 class IngestCore:
@@ -64,9 +67,11 @@ class IngestCore:
         self._route[self.topics.clock_sync] = (_CLOCK, -1)
         self._aligners: dict[int, GridAligner] = {}
         self._pacers: dict[int, Pacer] = {}
-        # Records handed to an aligner since its last advance, by (partition, topic index, offset):
-        # a late verdict comes back from advance() and needs the original bytes.
+        # Records handed to an aligner since its last advance: a late verdict comes back from advance() and
+        # needs the original bytes. Those placed one by one by (partition, topic index, offset); a block's as the
+        # poll's list of its partition and topic (found by offset only when a verdict asks: most never do).
         self._waiting: dict[int, dict[tuple[int, int], Record]] = {}
+        self._blocks: dict[int, list[tuple[int, Sequence[Record]]]] = {}
         self._clocks = ClockDomains(ClockParams(), settings.clock_wait_s, clock.mono_ns,
                                     settings.align_params().forget_ns)
         self._progress = Progress(Recovered())
@@ -96,6 +101,7 @@ class IngestCore:
             self._pacers.pop(p, None)
             self._clocks.drop(p)
             self._waiting.pop(p, None)
+            self._blocks.pop(p, None)
 
     def owns(self, partition: int) -> bool:
         return partition in self._aligners
@@ -176,7 +182,7 @@ class IngestCore:
             for i in block.index:
                 self._sensor_record(tp, records[i], None, si, aligner, waiting, limits)
             return
-        waiting.update(((si, off), records[i]) for i, off in zip(block.index, offsets, strict=True))
+        self._blocks.setdefault(tp.partition, []).append((si, records))
         self.stats.samples += len(block.ts_ns)
 
     def _sensor_record(self, tp: TopicPartition, rec: Record, res: SampleBatch | Reject | None, si: int,
@@ -229,6 +235,7 @@ class IngestCore:
             for late in adv.late:
                 self._late(p, late)
             self._waiting.pop(p, None)
+            self._blocks.pop(p, None)
 
     def paced(self, unread: Collection[TopicPartition]) -> set[TopicPartition]:
         """Of the sensor partitions with records still to read (``unread``), those to leave in Kafka for now: the
@@ -309,7 +316,7 @@ class IngestCore:
     def _late(self, partition: int, late: LateSamples) -> None:
         assert isinstance(late.source, int)
         si = late.source
-        rec = self._waiting[partition][(si, late.position)]
+        rec = self._waiting_record(partition, si, late.position)
         topic = self.topics.sensor(si)
         if late.position < self._progress.consumed.get((topic, partition), -1):
             self.stats.replayed_dropped += len(late.indices)  # already in a written frame
@@ -320,6 +327,17 @@ class IngestCore:
         self._dlq.send(Reject(RejectReason.LATE, detail), rec.value, rec.key, topic, partition, late.position,
                        rec.headers, indices=late.indices if late.total > 1 else None)
         self.stats.rejects = self._dlq.counts
+
+    def _waiting_record(self, partition: int, si: int, offset: int) -> Record:
+        rec = self._waiting.get(partition, {}).get((si, offset))
+        if rec is not None:
+            return rec
+        for s, records in self._blocks.get(partition, ()):
+            if s == si:  # a partition's records of one poll, in offset order
+                i = bisect.bisect_left(records, offset, key=_offset)
+                if i < len(records) and records[i].offset == offset:
+                    return records[i]
+        raise KeyError(f"no record waits at {CATALOG[si].name}[{partition}]@{offset}")
 
     # -- what a flush needs --------------------------------------------------------------
     def commit_points(self, read: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:

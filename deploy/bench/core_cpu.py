@@ -1,7 +1,7 @@
 """What the ingest's core costs per sample, in this thread, without Kafka or ClickHouse: the batched throughput
 case's messages handed to ``IngestCore`` in polls, derive, spike engine, pod labels and the frames' encoding on.
 
-    python deploy/bench/core_cpu.py [--seconds 120] [--poll 2000] [--rounds 5] [--profile]
+    python deploy/bench/core_cpu.py [--seconds 120] [--poll 2000] [--batch-size 100] [--rounds 5] [--profile]
 
 ``throughput.py`` measures the whole worker against a plain decode loop, and on a 2-core machine that shares its
 cores with the broker its rounds scatter by +-20%: too much to see a change of a few per cent in the per-sample
@@ -77,11 +77,11 @@ class _Refused:
 Record = tuple[TopicPartition, ConsumerRecord[bytes, bytes]]
 
 
-def records(settings: Settings, seconds: float) -> tuple[list[Record], int]:
-    """The records of ``seconds`` of the 8 x 8 cluster at 100 samples a message, in the order they were sent, and
-    their samples."""
+def records(settings: Settings, seconds: float, batch_size: int = 100) -> tuple[list[Record], int]:
+    """The records of ``seconds`` of the 8 x 8 cluster at ``batch_size`` samples a message, in the order they were
+    sent, and their samples."""
     params = SimParams(nodes=8, gpus=8, seed=1, start_ns=START_NS)
-    pub = SimulatorPublisher(settings, params, batch_size=100)
+    pub = SimulatorPublisher(settings, params, batch_size=batch_size)
     pub.producer.close()
     out = _Collected()
     pub.producer = out  # type: ignore[assignment]
@@ -142,6 +142,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=120.0, help="event time of the simulated cluster")
     ap.add_argument("--poll", type=int, default=2_000, help="records per poll")
+    ap.add_argument("--batch-size", type=int, default=100,
+                    help="samples a message at most (a live collector's carry a few: try 5)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--profile", action="store_true", help="cProfile one more round, to stderr")
     ap.add_argument("--sort", default="tottime", help="the profile's order: tottime or cumulative")
@@ -149,7 +151,7 @@ def main() -> None:
     args = ap.parse_args()
     settings = load_settings({}, topic_prefix="core.")
     grid_ns = settings.align_params().grid_ns
-    recs, samples = records(settings, args.seconds)
+    recs, samples = records(settings, args.seconds, args.batch_size)
     polls = cut(recs, args.poll)
     gc.collect()
     tune_for_throughput()  # the worker's collector settings (``flopwatch worker`` sets them at start)

@@ -166,6 +166,31 @@ def test_a_sample_behind_a_written_cell_is_late_and_named() -> None:
     assert letters.sent == [("late", POWER, 5)] and core.stats.late == {"n0/power": 1}
 
 
+def test_late_records_of_a_polls_block_are_dead_lettered_with_their_own_bytes() -> None:
+    core, store, letters, clock = make()
+    core.handle({TopicPartition(POWER, 0): [rec(POWER, i, i, 300.0) for i in range(5)]})
+    core.advance(quiet_all(0))
+    clock.advance(5 * S)
+    core.advance(quiet_all(5 * S))
+    assert store.pending_rows == 5  # ticks 0-4 closed
+    values: dict[int, bytes | None] = {}
+    send = letters.send
+
+    def keep(reject: Reject, value: bytes | None, key: bytes | None, topic: str, partition: int, offset: int,
+             *rest: Any, **kw: Any) -> None:
+        values[offset] = value
+        send(reject, value, key, topic, partition, offset, *rest, **kw)
+
+    letters.send = keep  # type: ignore[method-assign]
+    # One poll, one block of six messages (two of them for cells already written), and another sensor's beside.
+    stamps = {5: 5.2, 6: 0.5, 7: 5.4, 8: 5.6, 9: 1.5, 10: 5.8}
+    power = [rec(POWER, off, ts, 310.0 + off) for off, ts in stamps.items()]
+    core.handle({TopicPartition(POWER, 0): power, TopicPartition(UTIL, 0): [rec(UTIL, 0, 5.1, 50.0)]})
+    core.advance(quiet_all(5 * S))
+    assert sorted(letters.sent) == [("late", POWER, 6), ("late", POWER, 9)]
+    assert values == {6: power[1].value, 9: power[4].value}
+
+
 def test_a_node_that_went_away_is_forgotten_and_on_its_return_its_written_cells_stay_written() -> None:
     store = FrameStore(cast(Backend, None))
     letters, clock = Letters(), ManualClock(wall_ns=T0 + 2 * S, mono_ns=0)
