@@ -17,6 +17,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+_NOT_ONLY: Final = 2**62  # ``only_mirrored_from`` when every bucket held is in ``vals``
 _NO_B: Final = np.zeros(0, np.int64)
 _NO_V: Final = np.zeros(0, np.float64)
 
@@ -26,7 +27,7 @@ class BucketSeries:
 
 
     __slots__ = ("cache", "cache_hi", "cut", "dropped", "lowest", "m_b", "m_chunks", "m_from", "m_last", "m_pb",
-                 "m_pv", "m_v", "newest", "vals")
+                 "m_pv", "m_v", "newest", "only_mirrored_from", "vals")
 
     def __init__(self) -> None:
         self.vals: dict[int, list[float]] = {}  # bucket -> kept values (the largest when truncated)
@@ -47,6 +48,8 @@ class BucketSeries:
         self.m_pv: list[float] = []
         self.m_from = self.newest + 1  # (no bucket held yet)
         self.m_last = self.newest  # the last bucket in the mirror (or m_from - 1)
+        # Buckets from here up are held in the mirror only, not in ``vals`` (``hold_mirrored``; ``settle``).
+        self.only_mirrored_from = _NOT_ONLY
 
     def touch(self, low_bucket: int) -> None:
         """Buckets from ``low_bucket`` up change: drop the cached peaks if a window reads one."""
@@ -56,6 +59,7 @@ class BucketSeries:
 
     def unmirror(self) -> None:
         """A bucket changed outside the mirror: restart it past every bucket held."""
+        self.settle()
         self.m_b, self.m_v, self.m_chunks, self.m_pb, self.m_pv = _NO_B, _NO_V, [], [], []
         self.m_from, self.m_last = self.newest + 1, self.newest
 
@@ -64,6 +68,38 @@ class BucketSeries:
         self._pending_to_chunks()  # what small calls appended comes before this chunk
         self.m_chunks.append((b, v))
         self.m_last = int(b[-1])
+
+    def hold_mirrored(self, b: npt.NDArray[np.int64], v: npt.NDArray[np.float64]) -> None:
+        """New buckets of one value each, in order, all past every bucket held and at or past ``m_from``, whose
+        values the mirror takes: held in the mirror alone. A batched feed's buckets are read from the mirror and
+        then purged, so building a list and a dict entry per bucket (and popping it) would be wasted; a path
+        that reads or changes ``vals`` calls ``settle`` first."""
+        if self.only_mirrored_from == _NOT_ONLY:
+            self.only_mirrored_from = int(b[0])
+        self.add_chunk(b, v)
+        if len(self.m_chunks) > 32:  # a series nobody reads: keep the mirror bounded (trimmed as purged)
+            self.mirrored()
+
+    def settle(self) -> None:
+        """Copy the buckets held in the mirror alone into ``vals``."""
+        start = self.only_mirrored_from
+        if start == _NOT_ONLY:
+            return
+        self.only_mirrored_from = _NOT_ONLY
+        mb, mv = self.mirrored()
+        i = int(np.searchsorted(mb, start))
+        vals = self.vals
+        for b, v in zip(mb[i:].tolist(), mv[i:].tolist(), strict=True):
+            kept = vals.get(b)
+            if kept is None:
+                vals[b] = [v]
+            else:
+                kept.append(v)
+
+    def held(self) -> int:
+        """Buckets held, at most (those in the mirror alone counted as if none were empty)."""
+        start = self.only_mirrored_from
+        return len(self.vals) + (max(0, self.newest - start + 1) if start != _NOT_ONLY else 0)
 
     def _pending_to_chunks(self) -> None:
         if self.m_pb:
@@ -85,19 +121,23 @@ class BucketSeries:
         if keep_from > self.cut:
             self.cut = keep_from
         if keep_from > self.m_from:
-            self.m_from = keep_from
-        if keep_from - self.lowest <= max(64, len(self.vals)):
+            self.m_from = keep_from  # the mirror drops what lies below (``mirrored``)
+        only = self.only_mirrored_from
+        if only != _NOT_ONLY and keep_from > only:
+            self.only_mirrored_from = only = keep_from
+        stop = min(keep_from, only)  # no bucket from ``only`` up is in vals
+        if stop - self.lowest <= max(64, len(self.vals)):
             # The usual case (a tick closing releases ~10 buckets, a poll's closes a few ticks' worth): pop the
             # released ones; a rebuild would walk every bucket kept. Only a gap far wider than what is held (a
             # series back after hours) is cheaper to rebuild.
             pop = self.vals.pop
-            for b in range(self.lowest, keep_from):
+            for b in range(self.lowest, stop):
                 pop(b, None)
             if self.dropped:
-                for b in range(self.lowest, keep_from):
+                for b in range(self.lowest, stop):
                     self.dropped.pop(b, None)
-            self.lowest = keep_from if self.vals else 2**62
+            self.lowest = keep_from if self.vals or only != _NOT_ONLY else 2**62
             return
         self.vals = {b: v for b, v in self.vals.items() if b >= keep_from}
         self.dropped = {b: n for b, n in self.dropped.items() if b >= keep_from}
-        self.lowest = min(self.vals, default=2**62)
+        self.lowest = min(min(self.vals, default=2**62), only)

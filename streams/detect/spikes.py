@@ -26,7 +26,10 @@ inside 60% load is two samples, which a 1 s mean already halves and a 60 s mean 
   pipeline reads each tick as it closes).
 - ``add`` groups by bucket with numpy for large calls; calls of a few samples (one
   message, ~10 at 10 Hz) take a plain loop, cheaper than numpy's per-call overhead. A
-  large call of one sample per new bucket (10 Hz into 100 ms buckets) is stored in one go.
+  large call of one sample per new bucket (10 Hz into 100 ms buckets, the batched feed) is
+  held in the mirror alone, as numpy arrays: its buckets are read from there and purged,
+  so a list and a dict entry per bucket would be built only to be dropped; a path that
+  reads or changes the buckets' dict copies them in first (``BucketSeries.settle``).
 - ``tick_peak`` evaluates, with numpy, the windows of the asked tick and of the following
   ticks whose windows end by the series' newest bucket (up to ``_AHEAD`` ticks: a 10 s
   message closes ~10 ticks at once), and caches those ticks' peaks. An ``add`` that reaches
@@ -137,7 +140,7 @@ class SpikeEngine:
         return s
 
     def _bound(self, s: BucketSeries) -> None:
-        if len(s.vals) > self._keep + self._keep // 4 + 1:  # amortised: purge once a quarter past the bound
+        if s.held() > self._keep + self._keep // 4 + 1:  # amortised: purge once a quarter past the bound
             s.purge(s.newest - self._keep)
 
     def _add_many(self, s: BucketSeries, ts: npt.NDArray[np.int64], vs: npt.NDArray[np.float64]) -> None:
@@ -165,6 +168,11 @@ class SpikeEngine:
             step = b[1:] - b[:-1]
             rising = bool((step > 0).all())
         s.touch(b_min)
+        if rising and b_min > newest_before and b_min >= s.m_from and v_min > -_BIG and float(vs.max()) < _BIG:
+            s.hold_mirrored(b, vs)  # new buckets of one sample each, in order: the batched feed
+            s.lowest = min(s.lowest, b_min)
+            return
+        s.settle()
         if rising:  # one sample per bucket, in order (10 Hz into 100 ms buckets)
             bl, vl = b.tolist(), vs.tolist()
             if bl[0] > newest_before:  # all new buckets: store them in one go, and mirror them
@@ -211,6 +219,7 @@ class SpikeEngine:
     def _add_few(self, s: BucketSeries, tl: list[int], vl: list[float]) -> None:
         # Per-message calls carry ~10 samples (10 Hz, 1 s): numpy's per-call overhead
         # would cost more than a plain loop, so small calls take this path.
+        s.settle()
         bns = self.params.bucket_ns
         s.newest = max(s.newest, max(tl) // bns)
         s.touch(min(tl) // bns)
@@ -307,6 +316,7 @@ class SpikeEngine:
                 s.cache = {tick_ns + k * grid: (peak, ends[k] - self._nb) for k, peak in enumerate(peaks)}
                 s.cache_hi = ends[len(peaks)] - 2  # the last bucket a cached window reads
                 return peaks[0]
+        s.settle()
         return self._wq.peak_one(s.vals, s.dropped, first, -(-(tick_ns + grid) // bns) - 1)
 
     def release(self, node: str, gpu: str, sensor: str, tick_ns: int) -> None:
@@ -327,16 +337,23 @@ class SpikeEngine:
             s.purge(floor)
 
     def buckets_held(self) -> int:
+        self._settle_all()
         return sum(len(s.vals) for s in self._series.values())
 
     def values_held(self) -> int:
+        self._settle_all()
         return sum(len(v) for s in self._series.values() for v in s.vals.values())
+
+    def _settle_all(self) -> None:
+        for s in self._series.values():
+            s.settle()
 
     def __len__(self) -> int:
         return len(self._series)
 
     def snapshot(self) -> dict[str, Any]:
         """JSON-able state, series in least-recently-fed order."""
+        self._settle_all()
         return {"floor": self._floor, "late_samples": self.late_samples, "evicted_series": self.evicted_series,
                 "series": [[*k, s.newest, [[b, v, s.dropped.get(b, 0)] for b, v in s.vals.items()]]
                            for k, s in self._series.items()]}
