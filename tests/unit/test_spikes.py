@@ -10,6 +10,7 @@ import numpy.typing as npt
 import pytest
 
 from streams.detect.spike_rule import SPIKE_THRESHOLDS, SpikeParams, spike_flags
+from streams.detect.spike_windows import WindowQuantiles
 from streams.detect.spikes import SpikeEngine
 
 S = 1_000_000_000
@@ -283,6 +284,22 @@ def test_dense_windows_read_ahead_match_numpy() -> None:
     for t in range(20):
         assert eng.tick_peak("n", "0", "gpu_util", t * S) == oracle_peak(ts, vs, t * S, p), t
         eng.release("n", "0", "gpu_util", t * S)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_sparse_windows_read_their_largest_value_as_the_sorted_windows_give(seed: int) -> None:
+    """Where no window holds more values than its rank's last largest one (the 10 Hz feed), ``peaks_ahead`` takes
+    each tick's largest value without sorting windows: the same peaks as the sorting path, empty ticks included."""
+    rng = np.random.default_rng(seed)
+    wq = WindowQuantiles(nb=10, max_per_bucket=64, q=0.99)
+    n = int(rng.integers(1, 400))
+    mb = np.sort(rng.integers(0, 300, n)).astype(np.int64)  # up to a few values a bucket, gaps of empty buckets
+    mv = rng.normal(50.0, 20.0, n)
+    start = int(rng.integers(10, 60))
+    ends = [start + 10 * k for k in range(int(rng.integers(2, 25)))]
+    fast = wq.peaks_ahead(mb, mv, ends)
+    wq.max_rank_upto = 0  # every window sorted
+    assert fast == wq.peaks_ahead(mb, mv, ends)
 
 
 def test_the_mirror_of_a_series_nobody_reads_stays_bounded() -> None:
