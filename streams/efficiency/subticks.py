@@ -126,8 +126,7 @@ class SubTicks:
             ok = (vs == vs) & (buckets >= self._floor) & (buckets <= _MASK)
             keys = (sids[ok] << _SHIFT) | buckets[ok]
             cols, vs = cols[ok], vs[ok]
-            allk = np.concatenate([self._keys, keys])
-            uniq, inv = np.unique(allk, return_inverse=True)
+            uniq, inv = _unique_of_runs(np.concatenate([self._keys, keys]))
             sums = np.zeros((len(uniq), 6), np.float64)
             held = len(self._keys)
             sums[inv[:held]] = self._sums  # held keys are unique: a plain scatter
@@ -209,7 +208,8 @@ class SubTicks:
             return
         self._floor = floor
         self._fold()
-        alive = set(np.unique(self._keys >> _SHIFT).tolist())
+        ids = self._keys >> _SHIFT  # ascending, as the keys are
+        alive = set(ids[np.flatnonzero(ids[1:] != ids[:-1]) + 1].tolist()) | set(ids[:1].tolist())
         for key, sid in list(self._ids.items()):
             if sid not in alive:
                 del self._ids[key]
@@ -227,3 +227,22 @@ class SubTicks:
             return []
         held: list[int] = (self._keys[(self._keys >> _SHIFT) == sid] & _MASK).tolist()
         return held
+
+
+def _unique_of_runs(keys: I64) -> tuple[I64, I64]:
+    """``np.unique(keys, return_inverse=True)`` for keys that come in ascending runs (the held keys, then each
+    message's, in time order): a stable sort merges runs (timsort) where ``np.unique`` sorts from scratch, half
+    the time on a poll's keys.
+
+    >>> u, inv = _unique_of_runs(np.array([2, 5, 9, 1, 2, 3, 9, 9], np.int64))
+    >>> u.tolist(), inv.tolist()
+    ([1, 2, 3, 5, 9], [1, 3, 4, 0, 1, 2, 4, 4])
+    """
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    first = np.empty(len(ordered), np.bool_)
+    first[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    inv = np.empty(len(keys), np.int64)
+    inv[order] = np.cumsum(first) - 1
+    return ordered[first], inv

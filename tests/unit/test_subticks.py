@@ -9,7 +9,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from streams.efficiency.subticks import POWER, SM, TENSOR, SubTicks
+from streams.efficiency.subticks import POWER, SM, TENSOR, SubTicks, _unique_of_runs
 
 S = 1_000_000_000
 B = 100_000_000
@@ -167,3 +167,11 @@ def test_a_block_of_gpus_gives_what_their_messages_give_one_by_one(max_series: i
         assert block.buckets_of("n", g) == one.buckets_of("n", g)
         for tick in range(3):
             assert block.profile("n", g, tick * S, 1e12, 0.5, 300.0) == one.profile("n", g, tick * S, 1e12, 0.5, 300.0)
+
+
+@given(st.lists(st.integers(-(2**62), 2**62), max_size=200), st.integers(0, 5))
+def test_the_unique_of_runs_is_numpys_unique_on_any_keys(keys: list[int], repeat: int) -> None:
+    arr = np.array(keys * (1 + repeat % 2) + sorted(keys)[: repeat * 10], np.int64)
+    want_u, want_inv = np.unique(arr, return_inverse=True)
+    got_u, got_inv = _unique_of_runs(arr)
+    assert got_u.tolist() == want_u.tolist() and got_inv.tolist() == want_inv.reshape(-1).tolist()
