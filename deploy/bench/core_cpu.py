@@ -1,20 +1,24 @@
 """What the ingest's core costs per sample, in this thread, without Kafka or ClickHouse: the batched throughput
 case's messages handed to ``IngestCore`` in polls, derive, spike engine, pod labels and the frames' encoding on.
 
-    python deploy/bench/core_cpu.py [--seconds 120] [--poll 2000] [--batch-size 100] [--rounds 5] [--profile]
+    python deploy/bench/core_cpu.py [--seconds 120] [--poll 2000] [--batch-size 100] [--kafka] [--rounds 5]
+                                    [--profile]
 
 ``throughput.py`` measures the whole worker against a plain decode loop, and on a 2-core machine that shares its
 cores with the broker its rounds scatter by +-20%: too much to see a change of a few per cent in the per-sample
 path. Here the simulated 8 x 8 cluster of that case is encoded once into records (100 samples a message, the
 simulator's backlog order, each node's records in one of the default worker's partitions), cut into polls of
-``--poll`` records, and every round runs a fresh core over all of them: decode and validation, alignment, the
-enricher, and the frames' Kafka encoding (``agents.sinks.frames_out.encode_batch``) as the worker's publish does.
-The figure is the best round's samples per second of this thread's CPU time.
+``--poll`` records (with ``--kafka``, published to a broker and read back in a consumer's polls of at most that
+many, as a worker gets them), and every round runs a fresh core over all of them: decode and validation,
+alignment, the enricher, and the frames' Kafka encoding (``agents.sinks.frames_out.encode_batch``) as the
+worker's publish does. The figure is the best round's samples per second of this thread's CPU time; the digest of
+the frame messages (in any order) is the same for any poll size and partitioning.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import cProfile
 import gc
 import hashlib
@@ -22,18 +26,22 @@ import json
 import pstats
 import sys
 import time
+import uuid
 import zlib
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from aiokafka import ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from agents.collect.simulator import SimulatorPublisher
 from agents.ingest.core import IngestCore
 from agents.ingest.pricebook_file import PriceBookFile
+from agents.kafka.admin import delete_topics, ensure_topics
+from agents.kafka.producer import SampleProducer
+from agents.kafka.topics import Topics, aiokafka_config
 from agents.runtime.gc_tuning import tune_for_throughput
 from agents.runtime.timebase import ManualClock
 from agents.settings import Settings, load_settings
@@ -107,19 +115,59 @@ def cut(recs: list[Record], size: int) -> list[Poll]:
     return polls
 
 
+async def _fetch(settings: Settings, count: int, most: int) -> list[Poll]:
+    """Every record of the sensor topics again, in the polls an aiokafka consumer returns of at most ``most``."""
+    consumer = AIOKafkaConsumer(*Topics(settings.topic_prefix).inputs, **aiokafka_config(settings),
+                                group_id=f"core-{uuid.uuid4().hex[:6]}", auto_offset_reset="earliest",
+                                enable_auto_commit=False, fetch_max_bytes=64 * 1024 * 1024,
+                                max_partition_fetch_bytes=4 * 1024 * 1024)
+    await consumer.start()
+    polls: list[Poll] = []
+    seen = 0
+    try:
+        while seen < count:
+            batch = await consumer.getmany(timeout_ms=1000, max_records=most)
+            if batch:
+                polls.append({tp: list(rs) for tp, rs in batch.items()})
+                seen += sum(len(rs) for rs in batch.values())
+    finally:
+        await consumer.stop()
+    return polls
+
+
+def through_kafka(settings: Settings, recs: list[Record], most: int) -> list[Poll]:
+    """``recs`` published to fresh topics of a real broker and read back as a worker's consumer polls them: the
+    polls hold what its fetches brought, not a clean interleave in time."""
+    settings = settings.replace(topic_prefix=f"core{uuid.uuid4().hex[:6]}.")
+    topics = Topics(settings.topic_prefix)
+    ensure_topics(settings)
+    try:
+        producer = SampleProducer(settings)
+        for tp, rec in recs:
+            producer.send(settings.topic_prefix + tp.topic.removeprefix("core."), rec.value or b"",
+                          rec.key.decode() if rec.key else None)
+        producer.flush()
+        producer.close()
+        polls = asyncio.run(_fetch(settings, len(recs), most))
+    finally:
+        delete_topics(settings)
+    # Back under the prefix the core is set up for.
+    name = {t: f"core.{t.removeprefix(settings.topic_prefix)}" for t in topics.inputs}
+    return [{TopicPartition(name[tp.topic], tp.partition): rs for tp, rs in poll.items()} for poll in polls]
+
+
 def one_round(settings: Settings, polls: list[Poll], grid_ns: int, seconds: float) -> tuple[float, int, str]:
     """This thread's CPU seconds for a fresh core to take every poll; samples placed, and a digest of the frame
-    messages in the order they were made (a change to the hot path must keep it)."""
+    messages, in any order (a change to the hot path must keep it; polls of another size make the same)."""
     refused = _Refused()
     store = FrameStore(None)  # type: ignore[arg-type]  # never written: the frames are dropped at each poll
     clock = ManualClock(wall_ns=START_NS + int(seconds * S), mono_ns=0)
     enricher = Enricher(PriceBookFile(None, clock).current, grid_ns)
     core = IngestCore(settings, store, refused, clock, enricher)
-    digest = hashlib.sha256()
+    made: list[bytes] = []
 
     def publish(batch: FrameBatch) -> None:
-        for _, _, message in encode_batch(batch, grid_ns):
-            digest.update(message)
+        made.extend(message for _, _, message in encode_batch(batch, grid_ns))
 
     core.on_frames = publish
     tps = sorted({tp for poll in polls for tp in poll})
@@ -135,7 +183,7 @@ def one_round(settings: Settings, polls: list[Poll], grid_ns: int, seconds: floa
     cpu = time.thread_time() - t0
     if refused.counts:
         raise RuntimeError(f"records refused: {dict(refused.counts)}")
-    return cpu, core.stats.samples, digest.hexdigest()[:16]
+    return cpu, core.stats.samples, hashlib.sha256(b"".join(sorted(made))).hexdigest()[:16]
 
 
 def main() -> None:
@@ -144,6 +192,8 @@ def main() -> None:
     ap.add_argument("--poll", type=int, default=2_000, help="records per poll")
     ap.add_argument("--batch-size", type=int, default=100,
                     help="samples a message at most (a live collector's carry a few: try 5)")
+    ap.add_argument("--kafka", action="store_true",
+                    help="the polls as a consumer reads them back from a broker (FLOPWATCH_KAFKA_BOOTSTRAP)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--profile", action="store_true", help="cProfile one more round, to stderr")
     ap.add_argument("--sort", default="tottime", help="the profile's order: tottime or cumulative")
@@ -152,7 +202,7 @@ def main() -> None:
     settings = load_settings({}, topic_prefix="core.")
     grid_ns = settings.align_params().grid_ns
     recs, samples = records(settings, args.seconds, args.batch_size)
-    polls = cut(recs, args.poll)
+    polls = through_kafka(settings, recs, args.poll) if args.kafka else cut(recs, args.poll)
     gc.collect()
     tune_for_throughput()  # the worker's collector settings (``flopwatch worker`` sets them at start)
     cpus = []
