@@ -130,9 +130,29 @@ def gpu_doc(gpu: str, id: str, labels: Mapping[str, str | int], values: Mapping[
 
 
 def encode_frame_doc(node: str, tick_ns: int, grid_ns: int, gpus: list[dict[str, object]]) -> bytes:
-    """The message of one node's tick from its ``gpu_doc`` entries: compact JSON with sorted keys."""
+    """The message of one node's tick from its ``gpu_doc`` entries: compact JSON with sorted keys, the GPUs in
+    ``gpu_order``. The frames of a tick come out of the aligner in the order their series first arrived, which a
+    replay need not repeat; sorted, a replayed message is byte-identical (docs/contracts.md).
+
+    >>> a, b = gpu_doc("10", "x", {}, {}, {}, "", 0.0), gpu_doc("host", "y", {}, {}, {}, "", 0.0)
+    >>> encode_frame_doc("n", 0, 1, [b, a]) == encode_frame_doc("n", 0, 1, [a, b])
+    True
+    """
     return orjson.dumps({"v": FRAME_VERSION, "id": message_id(node, tick_ns), "node": node, "tick_ns": tick_ns,
-                         "grid_ns": grid_ns, "gpus": gpus}, option=orjson.OPT_SORT_KEYS)
+                         "grid_ns": grid_ns, "gpus": sorted(gpus, key=_gpu_order)}, option=orjson.OPT_SORT_KEYS)
+
+
+def gpu_order(gpu: str) -> tuple[int, str]:
+    """A message's GPUs in index order, the node's ``host`` row last: by the name's length, then the name.
+
+    >>> sorted(["host", "10", "2", "0"], key=gpu_order)
+    ['0', '2', '10', 'host']
+    """
+    return len(gpu), gpu
+
+
+def _gpu_order(doc: dict[str, object]) -> tuple[int, str]:
+    return gpu_order(doc["gpu"])  # type: ignore[arg-type]
 
 
 def decode_frame_message(data: bytes) -> FrameMessage:

@@ -156,7 +156,8 @@ def through_kafka(settings: Settings, recs: list[Record], most: int) -> list[Pol
     return [{TopicPartition(name[tp.topic], tp.partition): rs for tp, rs in poll.items()} for poll in polls]
 
 
-def one_round(settings: Settings, polls: list[Poll], grid_ns: int, seconds: float) -> tuple[float, int, str]:
+def one_round(settings: Settings, polls: list[Poll], grid_ns: int, seconds: float,
+              frames_out: Path | None = None) -> tuple[float, int, str]:
     """This thread's CPU seconds for a fresh core to take every poll; samples placed, and a digest of the frame
     messages, in any order (a change to the hot path must keep it; polls of another size make the same)."""
     refused = _Refused()
@@ -183,6 +184,8 @@ def one_round(settings: Settings, polls: list[Poll], grid_ns: int, seconds: floa
     cpu = time.thread_time() - t0
     if refused.counts:
         raise RuntimeError(f"records refused: {dict(refused.counts)}")
+    if frames_out is not None:
+        frames_out.write_bytes(b"\n".join(sorted(made)) + b"\n")
     return cpu, core.stats.samples, hashlib.sha256(b"".join(sorted(made))).hexdigest()[:16]
 
 
@@ -195,6 +198,7 @@ def main() -> None:
     ap.add_argument("--kafka", action="store_true",
                     help="the polls as a consumer reads them back from a broker (FLOPWATCH_KAFKA_BOOTSTRAP)")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--frames-out", type=Path, help="write the last round's frame messages here, sorted, one a line")
     ap.add_argument("--profile", action="store_true", help="cProfile one more round, to stderr")
     ap.add_argument("--sort", default="tottime", help="the profile's order: tottime or cumulative")
     ap.add_argument("--top", type=int, default=25, help="the profile's rows")
@@ -208,7 +212,7 @@ def main() -> None:
     cpus = []
     digests: dict[str, str] = {}
     for _ in range(args.rounds):
-        cpu, placed, frames = one_round(settings, polls, grid_ns, args.seconds)
+        cpu, placed, frames = one_round(settings, polls, grid_ns, args.seconds, args.frames_out)
         assert placed == samples, (placed, samples)
         assert digests.setdefault("first", frames) == frames, "two rounds made different frames"
         cpus.append(cpu)

@@ -58,6 +58,26 @@ def test_the_fast_encoder_gives_the_contract_encoders_bytes() -> None:
         assert encode_frame_message(decode_frame_message(raw)) == raw
 
 
+def test_a_replay_that_closes_a_ticks_gpus_in_another_order_publishes_the_same_bytes() -> None:
+    """The aligner gives a tick's frames in the order their series first arrived; a replay's polls can bring
+    them in another, and the message must not change."""
+    n = 13
+    nodes, gpus = ["a"] * n, [*(str(i) for i in range(12)), "host"]
+    vals = {c: np.full(n, np.nan) for c in VALUE_COLUMNS}
+    vals["power"][:] = np.arange(n) * 10.0
+
+    def batch(order: list[int]) -> FrameBatch:
+        b = FrameBatch(np.full(n, T0, np.int64), [nodes[i] for i in order], [gpus[i] for i in order],
+                       [{} for _ in order], {c: v[order] for c, v in vals.items()}, {}, np.zeros(n, np.int64))
+        b.derived = {c: np.full(n, np.nan) for c in DERIVED_COLUMNS}
+        return b
+
+    first = list(encode_batch(batch(list(range(n))), GRID))
+    again = list(encode_batch(batch([12, 5, 11, 0, 3, 10, 1, 2, 4, 6, 7, 8, 9]), GRID))
+    assert first == again
+    assert [g.gpu for g in decode_frame_message(first[0][2]).gpus] == [*(str(i) for i in range(12)), "host"]
+
+
 def test_ids_are_deterministic_and_distinct() -> None:
     first = [raw for _, _, raw in encode_batch(sample_batch(), GRID)]
     again = [raw for _, _, raw in encode_batch(sample_batch(), GRID)]
