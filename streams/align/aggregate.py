@@ -97,19 +97,26 @@ def aggregate(sid: I64, tick: I64, ts: I64, v: F64, unc: I64, *, s_sensor: I64, 
     # Each series usually arrives in time order, so a stable sort on the series id alone
     # (a radix sort for small ids) is enough; check, and sort fully only if not.
     key = sid.astype(np.uint16) if len(s_sensor) < 2**16 else sid
+    corrected = bool(unc.any())  # else (every sample in UTC, the usual) no column of uncertainties to carry
     order = np.argsort(key, kind="stable")
-    sid, tick, ts, v, unc = sid[order], tick[order], ts[order], v[order], unc[order]
+    sid, tick, ts, v = sid[order], tick[order], ts[order], v[order]
+    if corrected:
+        unc = unc[order]
     same = sid[1:] == sid[:-1]
     if (same & (ts[1:] <= ts[:-1])).any():
         order = np.lexsort((v, ts, sid))
-        sid, tick, ts, v, unc = sid[order], tick[order], ts[order], v[order], unc[order]
+        sid, tick, ts, v = sid[order], tick[order], ts[order], v[order]
+        if corrected:
+            unc = unc[order]
         # An exact duplicate (same series, instant and value: a redelivery, a
         # collector retry) counts once.
         dup = np.zeros(len(sid), bool)
         dup[1:] = (sid[1:] == sid[:-1]) & (ts[1:] == ts[:-1]) & (v[1:] == v[:-1])
         if dup.any():
             keep = ~dup
-            sid, tick, ts, v, unc = sid[keep], tick[keep], ts[keep], v[keep], unc[keep]
+            sid, tick, ts, v = sid[keep], tick[keep], ts[keep], v[keep]
+            if corrected:
+                unc = unc[keep]
     n = len(sid)
     new_series = np.empty(n, bool)
     new_series[0] = True
@@ -149,8 +156,7 @@ def aggregate(sid: I64, tick: I64, ts: I64, v: F64, unc: I64, *, s_sensor: I64, 
     g_tick = tick[starts]
     base = int(g_tick.min())
     span = int(g_tick.max()) - base + 1
-    uniq, inverse = np.unique(g_pair * span + (g_tick - base), return_inverse=True)
-    inverse = inverse.reshape(-1)
+    uniq, inverse = _cells(g_pair * span + (g_tick - base), (int(g_pair.max()) + 1) * span)
     f_pair, f_tick = uniq // span, uniq % span + base
     nf = len(f_pair)
     values: dict[str, F64] = {c: np.full(nf, np.nan) for c in VALUE_COLUMNS}
@@ -167,7 +173,8 @@ def aggregate(sid: I64, tick: I64, ts: I64, v: F64, unc: I64, *, s_sensor: I64, 
             src = last if (agg == "last" and s.kind == "counter") else by_agg[agg]
             values[s.column(agg)][rows] = src[mask]
     frame_unc = np.zeros(nf, np.int64)
-    np.maximum.at(frame_unc, inverse, np.maximum.reduceat(unc, starts))
+    if corrected:
+        np.maximum.at(frame_unc, inverse, np.maximum.reduceat(unc, starts))
     names = pair_names
     pairs = f_pair.tolist()
     return FrameBatch(
@@ -179,3 +186,22 @@ def aggregate(sid: I64, tick: I64, ts: I64, v: F64, unc: I64, *, s_sensor: I64, 
         counts=counts,
         clock_uncertainty_ns=frame_unc,
     )
+
+
+def _cells(keys: I64, size: int) -> tuple[I64, I64]:
+    """``np.unique(keys, return_inverse=True)`` for keys in ``[0, size)``: by a table where that is not much larger
+    than the keys (a close spans a few ticks of a few hundred GPUs), else by sorting.
+
+    >>> u, inv = _cells(np.array([7, 2, 7, 4], np.int64), 8)
+    >>> u.tolist(), inv.tolist()
+    ([2, 4, 7], [2, 0, 2, 1])
+    """
+    if size > 4 * len(keys) + 4096:
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        return uniq, inverse.reshape(-1)
+    seen = np.zeros(size, np.bool_)
+    seen[keys] = True
+    uniq = np.flatnonzero(seen)
+    slot = np.empty(size, np.int64)
+    slot[uniq] = np.arange(len(uniq), dtype=np.int64)
+    return uniq, slot[keys]

@@ -5,11 +5,13 @@ from __future__ import annotations
 import itertools
 import random
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.catalog import CATALOG
+from streams.align.aggregate import _cells
 from streams.align.aligner import AlignParams, Frame, GridAligner
 from tests.oracle import Series, oracle
 from tests.unit.test_align import GRID, T0, as_rows, assert_same, make_samples
@@ -159,3 +161,12 @@ def test_bursts_in_any_topic_order_poll_cut_and_caught_up_state_give_the_oracle_
     done = aligner.flush_all()
     assert late == [] and done.late == []
     assert_same(as_rows(frames + done.frames.frames()), oracle(samples))
+
+
+@given(st.lists(st.integers(0, 5_000), max_size=300), st.sampled_from([5_001, 10**9]))
+def test_the_pivot_finds_the_cells_numpys_unique_finds(keys: list[int], size: int) -> None:
+    """By table (a key range near the keys' count) or by sorting (a wide one), the same cells and rows."""
+    arr = np.array(keys, np.int64)
+    want_u, want_inv = np.unique(arr, return_inverse=True)
+    got_u, got_inv = _cells(arr, size)
+    assert got_u.tolist() == want_u.tolist() and got_inv.tolist() == want_inv.reshape(-1).tolist()
