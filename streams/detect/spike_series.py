@@ -68,6 +68,8 @@ class BucketSeries:
         self._pending_to_chunks()  # what small calls appended comes before this chunk
         self.m_chunks.append((b, v))
         self.m_last = int(b[-1])
+        if len(self.m_chunks) > 32:  # a series nobody reads: keep the mirror bounded (trimmed as purged)
+            self.mirrored()
 
     def hold_mirrored(self, b: npt.NDArray[np.int64], v: npt.NDArray[np.float64]) -> None:
         """New buckets of one value each, in order, all past every bucket held and at or past ``m_from``, whose
@@ -77,8 +79,6 @@ class BucketSeries:
         if self.only_mirrored_from == _NOT_ONLY:
             self.only_mirrored_from = int(b[0])
         self.add_chunk(b, v)
-        if len(self.m_chunks) > 32:  # a series nobody reads: keep the mirror bounded (trimmed as purged)
-            self.mirrored()
 
     def settle(self) -> None:
         """Copy the buckets held in the mirror alone into ``vals``."""

@@ -211,8 +211,6 @@ class SpikeEngine:
         ``v_min`` is at most the lowest value."""
         if v_min > -_BIG and float(vs.max()) < _BIG:
             s.add_chunk(b, vs)
-            if len(s.m_chunks) > 32:  # a series nobody reads: keep the mirror bounded (trimmed as purged)
-                s.mirrored()
         else:
             s.unmirror()
 

@@ -55,8 +55,6 @@ def _eager(self: BucketSeries, b: npt.NDArray[np.int64], v: npt.NDArray[np.float
     """What the feed did before buckets were held in the mirror alone: every bucket in ``vals`` too."""
     self.vals.update(zip(b.tolist(), ([x] for x in v.tolist()), strict=True))
     self.add_chunk(b, v)
-    if len(self.m_chunks) > 32:
-        self.mirrored()
 
 
 def _run(seed: int) -> list[object]:
