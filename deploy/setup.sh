@@ -14,3 +14,12 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet -e '.[dev]' >&2
   touch "$stamp"
 fi
+# The native poll decoder (native/: Rust, built by maturin into the venv), rebuilt when its sources change. It is not
+# a dependency in pyproject.toml: pip would look for it on the package index, where the name is not ours.
+nstamp=.venv/.flopwatch-native-installed
+if [ ! -f "$nstamp" ] || [ -n "$(find native -type f -newer "$nstamp" -not -path 'native/target/*' | head -1)" ]; then
+  [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"  # rustup's place, often not on PATH
+  command -v cargo >/dev/null || { echo "setup: building native/ needs Rust's cargo (https://rustup.rs)" >&2; exit 1; }
+  .venv/bin/python -m pip install --quiet ./native >&2
+  touch "$nstamp"
+fi

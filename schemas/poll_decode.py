@@ -1,5 +1,7 @@
 """Sample messages decoded a poll at a time, in columns: the ingest's hot path (``agents.ingest.core``).
 
+A poll is parsed by the native decoder (``native/``, Rust: one call for all its messages, no Python object per
+number) when every message is on its happy path, else message by message by msgspec; both give the same columns.
 The lone-message decoder (``schemas.codec.decode_samples``) is the oracle: this one gives the same batch or the
 same reject for every message, and leaves every message it does not accept at once to that decoder's checked path.
 """
@@ -14,6 +16,7 @@ from typing import Final
 import msgspec
 import numpy as np
 import numpy.typing as npt
+from flopwatch_native import sample_columns
 
 from schemas.catalog import BY_NAME
 from schemas.codec import _WIRE, TimeLimits, _labels_of_raw, _Refused, decode_samples
@@ -141,9 +144,38 @@ class _Columns:
 def _fast_columns(raws: Sequence[bytes], sensor: str, limits: TimeLimits | None) -> _Columns | None:
     """The poll's messages that msgspec parses into the wire's shape, checked together; None if none is."""
     spec = BY_NAME.get(sensor)
-    if spec is None:
+    if spec is None or not raws:
         return None
-    v_lo, v_hi = spec.lo, spec.hi
+    parsed = _native_parse(raws, sensor)
+    if parsed is None:
+        parsed = _python_parse(raws, sensor)
+    if parsed is None:
+        return None
+    index, nodes, gpus, clocks, labels, lens, ts, vs, wide = parsed
+    return _checked_columns(spec.lo, spec.hi, limits, index, nodes, gpus, clocks, labels, lens, ts, vs, wide)
+
+
+_Parsed = tuple[list[int], list[str], list[str], list[str], list[Labels | None], list[int],
+                npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.bool_] | None]
+
+
+def _native_parse(raws: Sequence[bytes], sensor: str) -> _Parsed | None:
+    """Every message of the poll parsed by the native decoder (``native/``), or None when any is off its happy path
+    (the Python parse then takes the poll, message by message, as msgspec sees each)."""
+    got = sample_columns(raws if type(raws) is list else list(raws), WIRE_VERSION, sensor)
+    if got is None:
+        return None
+    nodes, gpus, clocks, raw_labels, lens, ts, vs = got
+    try:
+        labels = [None if r is None else _labels_of_raw(r) for r in raw_labels]
+    except _Refused:
+        return None
+    return (list(range(len(lens))), nodes, gpus, clocks, labels, lens, np.frombuffer(ts, np.int64),
+            np.frombuffer(vs, np.float64), None)
+
+
+def _python_parse(raws: Sequence[bytes], sensor: str) -> _Parsed | None:
+    """The messages msgspec parses into the wire's shape, one by one; None if none is."""
     # Python lists first and one conversion per column at the end: a list takes a message's list of stamps as
     # pointers, where an array converts every number as it comes (2x the cost of the whole conversion).
     ts_all: list[int] = []
@@ -194,6 +226,15 @@ def _fast_columns(raws: Sequence[bytes], sensor: str, limits: TimeLimits | None)
         wide = np.fromiter((not _I64_MIN <= t <= _I64_MAX for t in ts_all), np.bool_, len(ts_all))
         ts = np.fromiter((0 if w else t for t, w in zip(ts_all, wide.tolist(), strict=True)), np.int64, len(ts_all))
     vs = np.fromiter(vs_all, np.float64, len(vs_all))
+    return index, nodes, gpus, clocks, labels, lens, ts, vs, wide
+
+
+def _checked_columns(v_lo: float, v_hi: float, limits: TimeLimits | None, index: list[int], nodes: list[str],
+                     gpus: list[str], clocks: list[str], labels: list[Labels | None], lens: list[int],
+                     ts: npt.NDArray[np.int64], vs: npt.NDArray[np.float64], wide: npt.NDArray[np.bool_] | None
+                     ) -> _Columns:
+    """The parsed messages with the range and time checks run over all their samples at once; ``wide`` marks the
+    stamps beyond int64 (their messages fail)."""
     ends = np.cumsum(np.array(lens, np.int64))
     starts = ends - lens
     lo, hi = np.minimum.reduceat(ts, starts), np.maximum.reduceat(ts, starts)

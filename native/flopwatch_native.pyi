@@ -1,0 +1,3 @@
+def sample_columns(
+    raws: list[bytes], version: int, sensor: str
+) -> tuple[list[str], list[str], list[str], list[bytes | None], list[int], bytearray, bytearray] | None: ...
