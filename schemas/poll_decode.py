@@ -142,7 +142,8 @@ class _Columns:
 
 
 def _fast_columns(raws: Sequence[bytes], sensor: str, limits: TimeLimits | None) -> _Columns | None:
-    """The poll's messages that msgspec parses into the wire's shape, checked together; None if none is."""
+    """The poll's messages that parse into the wire's shape (all of them natively, else those msgspec parses),
+    checked together; None if none does."""
     spec = BY_NAME.get(sensor)
     if spec is None or not raws:
         return None

@@ -120,8 +120,9 @@ def test_a_flood_keeps_memory_flat_a_steady_rate_and_lag_on_metrics(native_setti
     assert len(flooding) >= 3 and flooding[-1][0] - flooding[0][0] >= 2.0, readings
     after = [r[1] for r in readings if r[0] > flooding_until[0]]
     # The flood outran the worker: a worker that keeps up lags by a poll or two (a few thousand records). How
-    # far it fell behind depends on the two processes' shares of the cores (CI once saw 267,219).
-    assert max(r[1] for r in readings) > sent / 40, "the flood must outrun the worker"
+    # far it fell behind depends on the two processes' shares of the cores (CI once saw 267,219; with the native
+    # poll decoder 53,984, under the sent / 40 this asked for before).
+    assert max(r[1] for r in readings) > sent / 100, "the flood must outrun the worker"
     # A steady rate: whenever records were waiting, more were read within 5 s (the page moves at each flush, and
     # a flush waits for the previous write on a machine the producer saturates; a reading of lag 0 mid-flood
     # is the worker level with the producer: nothing to read).

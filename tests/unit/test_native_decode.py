@@ -101,8 +101,20 @@ def test_the_native_parse_takes_the_usual_poll_and_its_arrays_are_writable() -> 
     b'{"v":1,"node":"n","gpu":"0","ts_ns":5,"value":1} x',
     b'{"v":1,"node":"n","gpu":"0","ts_ns":5,"value":1,"labels":[1]}',
     b'{"v":1,"node":"\\ud800","gpu":"0","ts_ns":5,"value":1}',
+    b'{"v":1,"node":"\xff","gpu":"0","ts_ns":5,"value":1}',  # not UTF-8
+    b'{"v":1,"node":"n","gpu":"0","ts_ns":5,"value":1,"x":"\xc3"}',  # not UTF-8 where msgspec skips it
+    b'{"v":1,"node":"n","gpu":"0","ts_ns":5,"value":1}\x00',
 ]))
 def test_a_poll_with_a_message_off_the_happy_path_is_left_to_msgspec(bad: bytes) -> None:
     good = b'{"v":1,"node":"n","gpu":"0","ts_ns":5,"value":1}'
     assert _native_parse([good, bad, good], "power") is None
     assert _native_parse([good, good], "power") is not None
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.lists(st.one_of(message(), st.binary(max_size=48)), min_size=1, max_size=4))
+def test_on_any_bytes_the_native_parse_gives_msgspec_columns_or_none(raws: list[bytes]) -> None:
+    native = _native_parse(raws, "power")
+    if native is not None:
+        python = _python_parse(raws, "power")
+        assert python is not None and all(same(a, b) for a, b in zip(native, python, strict=True))
