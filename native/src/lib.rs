@@ -9,91 +9,55 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
+use std::marker::PhantomData;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyList, PyString, PyTuple};
-use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::de::{self, Deserializer, IntoDeserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 use sonic_rs::LazyValue;
 
-/// One stamp or a list of them: JSON integers within int64 only (msgspec's `int` refuses floats).
-enum Stamps {
-    One(i64),
-    Many(Vec<i64>),
+/// One number or a list of them. Each scalar goes through `T`'s own rules (serde's primitive deserializers): an
+/// int64 stamp refuses floats and integers beyond int64 (as msgspec's `int` does), a float value takes integers
+/// as Python's float() rounds them.
+enum OneOrMany<T> {
+    One(T),
+    Many(Vec<T>),
 }
 
-/// One value or a list of them: JSON numbers, integers converted as Python's float() does.
-enum Values {
-    One(f64),
-    Many(Vec<f64>),
-}
+struct OneOrManyVisitor<T>(PhantomData<T>);
 
-struct StampsVisitor;
-
-impl<'de> Visitor<'de> for StampsVisitor {
-    type Value = Stamps;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("an int64 or a list of them")
-    }
-
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Stamps, E> {
-        Ok(Stamps::One(v))
-    }
-
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Stamps, E> {
-        i64::try_from(v).map(Stamps::One).map_err(|_| E::custom("beyond int64"))
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Stamps, A::Error> {
-        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(8));
-        while let Some(t) = seq.next_element::<i64>()? {
-            out.push(t);
-        }
-        Ok(Stamps::Many(out))
-    }
-}
-
-impl<'de> Deserialize<'de> for Stamps {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Stamps, D::Error> {
-        d.deserialize_any(StampsVisitor)
-    }
-}
-
-struct ValuesVisitor;
-
-impl<'de> Visitor<'de> for ValuesVisitor {
-    type Value = Values;
+impl<'de, T: Deserialize<'de>> Visitor<'de> for OneOrManyVisitor<T> {
+    type Value = OneOrMany<T>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a number or a list of them")
     }
 
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Values, E> {
-        Ok(Values::One(v))
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        T::deserialize(v.into_deserializer()).map(OneOrMany::One)
     }
 
-    // `as` rounds an integer to the nearest float, ties to even, as Python's float(int) does.
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Values, E> {
-        Ok(Values::One(v as f64))
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        T::deserialize(v.into_deserializer()).map(OneOrMany::One)
     }
 
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Values, E> {
-        Ok(Values::One(v as f64))
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+        T::deserialize(v.into_deserializer()).map(OneOrMany::One)
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Values, A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(8));
-        while let Some(v) = seq.next_element::<f64>()? {
-            out.push(v);
+        while let Some(x) = seq.next_element::<T>()? {
+            out.push(x);
         }
-        Ok(Values::Many(out))
+        Ok(OneOrMany::Many(out))
     }
 }
 
-impl<'de> Deserialize<'de> for Values {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Values, D::Error> {
-        d.deserialize_any(ValuesVisitor)
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for OneOrMany<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(OneOrManyVisitor(PhantomData))
     }
 }
 
@@ -109,8 +73,8 @@ struct Wire<'a> {
     node: Cow<'a, str>,
     #[serde(borrow)]
     gpu: Cow<'a, str>,
-    ts_ns: Stamps,
-    value: Values,
+    ts_ns: OneOrMany<i64>,
+    value: OneOrMany<f64>,
     // A default, not an Option: `"clock": null` is refused, as msgspec's `str` refuses it.
     #[serde(borrow, default = "utc")]
     clock: Cow<'a, str>,
@@ -198,11 +162,11 @@ fn sample_columns<'py>(
         }
         let one;
         let (tl, vl): (&[i64], &[f64]) = match (&w.ts_ns, &w.value) {
-            (Stamps::One(t), Values::One(v)) => {
+            (OneOrMany::One(t), OneOrMany::One(v)) => {
                 one = ([*t], [*v]);
                 (&one.0, &one.1)
             }
-            (Stamps::Many(tl), Values::Many(vl)) if tl.len() == vl.len() && !tl.is_empty() => (tl, vl),
+            (OneOrMany::Many(tl), OneOrMany::Many(vl)) if tl.len() == vl.len() && !tl.is_empty() => (tl, vl),
             _ => return Ok(None),
         };
         if !vl.iter().all(|v| v.is_finite()) || (vl.contains(&0.0) && negative_zero(bytes.as_bytes())) {
