@@ -279,7 +279,7 @@ class Ingestor:
         pending = store.detach()
         self._last_flush = self._clock.mono_ns()
         core.dirty = False
-        self.stats.open_cells = core.open_cells()
+        self.stats.open_cells = core.open_cells_gauge(self._last_flush)
         self.stats.nodes_held = core.nodes_held()
         self._inflight = asyncio.ensure_future(self._write(pending, consumed, commit, closed))
         if wait:

@@ -81,6 +81,22 @@ def test_a_poll_becomes_frames_and_commits_wait_for_open_cells() -> None:
     assert core.commit_points(nxt) == nxt and not letters.sent
 
 
+def test_the_open_cells_gauge_is_recounted_once_a_second_and_never_reads_zero_while_cells_are_open() -> None:
+    core, store, _, clock = make()
+    power = TopicPartition(POWER, 0)
+    core.handle({power: [rec(POWER, 0, 0.0, 300.0)]})
+    core.advance(quiet_all(0))
+    assert core.open_cells_gauge(0) == core.open_cells() == 1  # counted: it was 0
+    core.handle({power: [rec(POWER, 1, 1.0, 300.0), rec(POWER, 2, 2.0, 300.0)]})
+    core.advance(quiet_all(0))
+    assert core.open_cells() == 3
+    assert core.open_cells_gauge(core_module.OPEN_CELLS_EVERY_NS - 1) == 1  # within the second: the last count
+    assert core.open_cells_gauge(core_module.OPEN_CELLS_EVERY_NS) == 3
+    clock.advance(5 * S)
+    core.advance(quiet_all(5 * S))  # everything closes
+    assert store.pending_rows > 0 and core.open_cells_gauge(core_module.OPEN_CELLS_EVERY_NS + 1) == 0
+
+
 def test_bad_records_and_bugs_are_dead_lettered_and_the_rest_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
     core, store, letters, _ = make()
     real = core_module.decode_samples  # type: ignore[attr-defined]
