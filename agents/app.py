@@ -109,6 +109,9 @@ def create_app(settings: Settings, on_flush: Callable[[IngestStats], None] | Non
         consumer_auto_offset_reset="earliest",
         broker_session_timeout=settings.kafka_session_timeout_s,
         store="memory://",
+        # Beside chDB's directory (.flopwatch/ by default), not Faust's "<id>-data" in whatever directory the
+        # worker was started from: the tables are in memory, but Faust still makes the directory.
+        datadir=str(Path(settings.chdb_path).parent / "faust" / "{conf.id}"),
         autodiscover=False,
         **WebOptions.from_settings(settings).app_kwargs(),
     )

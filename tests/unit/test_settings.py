@@ -426,3 +426,11 @@ def test_the_session_timeout_reaches_the_faust_app() -> None:
 
     settings = load_settings({"FLOPWATCH_KAFKA_SESSION_TIMEOUT_S": "12.5"}, web_enabled=False)
     assert create_app(settings, detect=False).conf.broker_session_timeout == 12.5
+
+
+def test_the_faust_data_directory_lies_beside_chdbs_not_in_the_working_directory(tmp_path: Path) -> None:
+    from agents.app import create_app
+
+    app = create_app(load_settings({}, web_enabled=False, group_id="gx", chdb_path=str(tmp_path / "db" / "chdb")),
+                     detect=False)
+    assert Path(app.conf.datadir) == tmp_path / "db" / "faust" / "gx-app"
