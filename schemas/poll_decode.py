@@ -41,9 +41,8 @@ def decode_sample_messages(raws: Sequence[bytes], sensor: str, limits: TimeLimit
     out: list[SampleBatch | Reject | None] = [None] * len(raws)
     cols = _fast_columns(raws, sensor, limits)
     if cols is not None:
-        for m, (i, good) in enumerate(zip(cols.index, cols.ok, strict=True)):
-            if good:
-                out[i] = cols.batch(m, sensor)
+        for m in np.flatnonzero(cols.ok).tolist():
+            out[cols.index[m]] = cols.batch(m, sensor)
     return _checked_rest(raws, sensor, limits, out, set())  # type: ignore[return-value]
 
 
@@ -82,12 +81,11 @@ def decode_poll(raws: Sequence[bytes], sensor: str, limits: TimeLimits | None = 
     c = _fast_columns(raws, sensor, limits)
     block = EMPTY_BLOCK
     if c is not None:
-        take = [u and g for u, g in zip(c.utc, c.ok, strict=True)]
-        if not all(take):  # a clock domain's accepted messages go as batches (the usual poll has none)
-            for m, (u, g) in enumerate(zip(c.utc, c.ok, strict=True)):
-                if g and not u:
-                    rest[c.index[m]] = c.batch(m, sensor)
-        if any(take):
+        take = c.utc & c.ok
+        if not take.all():  # a clock domain's accepted messages go as batches (the usual poll has none)
+            for m in np.flatnonzero(c.ok & ~c.utc).tolist():
+                rest[c.index[m]] = c.batch(m, sensor)
+        if take.any():
             block = c.block(take)
     if len(block.index) == len(raws):  # the usual poll: every message in the block, nothing left to check
         return block, rest
@@ -108,37 +106,39 @@ def _checked_rest(raws: Sequence[bytes], sensor: str, limits: TimeLimits | None,
 class _Columns:
     """The messages the fast path parsed, in parallel lists (their place in the poll, node, gpu, clock, labels and
     sample count), their rows in ``ts`` and ``vs`` (``starts`` to ``ends``), least and greatest stamps, and
-    whether every check accepts each."""
+    whether every check accepts each. The per-message figures stay arrays: the usual poll reads none of them one
+    by one."""
 
     index: list[int]
     nodes: list[str]
     gpus: list[str]
     clocks: list[str]
-    utc: list[bool]  # per message, whether its clock is UTC
+    utc: npt.NDArray[np.bool_]  # per message, whether its clock is UTC
     labels: list[Labels | None]
     lens: list[int]
     ts: npt.NDArray[np.int64]
     vs: npt.NDArray[np.float64]
-    starts: list[int]
-    ends: list[int]
-    lo: list[int]
-    hi: list[int]
-    ok: list[bool]
+    starts: npt.NDArray[np.int64]
+    ends: npt.NDArray[np.int64]
+    lo: npt.NDArray[np.int64]
+    hi: npt.NDArray[np.int64]
+    ok: npt.NDArray[np.bool_]
 
     def batch(self, m: int, sensor: str) -> SampleBatch:
         """The m-th parsed message as a batch whose columns are views of the poll's."""
-        a, b = self.starts[m], self.ends[m]
+        a, b = int(self.starts[m]), int(self.ends[m])
         return SampleBatch(sensor, self.nodes[m], self.gpus[m], self.ts[a:b], self.vs[a:b], self.clocks[m],
-                           self.labels[m], self.lo[m], self.hi[m])
+                           self.labels[m], int(self.lo[m]), int(self.hi[m]))
 
-    def block(self, take: list[bool]) -> PollBlock:
+    def block(self, take: npt.NDArray[np.bool_]) -> PollBlock:
         """The messages ``take`` marks, as the ingest's block; all of them as parsed when it marks all."""
-        if all(take):  # the usual poll
+        if take.all():  # the usual poll
             return PollBlock(self.index, self.nodes, self.gpus, self.labels, self.lens, self.ts, self.vs)
-        keep = np.repeat(np.array(take), self.lens)
-        return PollBlock(list(compress(self.index, take)), list(compress(self.nodes, take)),
-                         list(compress(self.gpus, take)), list(compress(self.labels, take)),
-                         list(compress(self.lens, take)), self.ts[keep], self.vs[keep])
+        keep = np.repeat(take, self.lens)
+        marks = take.tolist()
+        return PollBlock(list(compress(self.index, marks)), list(compress(self.nodes, marks)),
+                         list(compress(self.gpus, marks)), list(compress(self.labels, marks)),
+                         list(compress(self.lens, marks)), self.ts[keep], self.vs[keep])
 
 
 def _fast_columns(raws: Sequence[bytes], sensor: str, limits: TimeLimits | None) -> _Columns | None:
@@ -243,9 +243,12 @@ def _checked_columns(v_lo: float, v_hi: float, limits: TimeLimits | None, index:
     ok = (np.minimum.reduceat(vs, starts) >= v_lo) & (np.maximum.reduceat(vs, starts) <= v_hi)
     if wide is not None:
         ok &= ~np.logical_or.reduceat(wide, starts)
-    utc = [clock == UTC_CLOCK for clock in clocks]
+    n = len(clocks)
+    if clocks.count(UTC_CLOCK) == n:  # the usual poll (count runs in C)
+        utc = np.ones(n, np.bool_)
+    else:
+        utc = np.fromiter((clock == UTC_CLOCK for clock in clocks), np.bool_, n)
     if limits is not None:  # the time limits hold for UTC stamps only (a domain's are placed later)
         fresh = (lo >= limits.now_ns - limits.max_age_ns) & (hi <= limits.now_ns + limits.max_future_ns)
-        ok &= ~np.array(utc) | fresh
-    return _Columns(index, nodes, gpus, clocks, utc, labels, lens, ts, vs, starts.tolist(), ends.tolist(),
-                    lo.tolist(), hi.tolist(), ok.tolist())
+        ok &= ~utc | fresh
+    return _Columns(index, nodes, gpus, clocks, utc, labels, lens, ts, vs, starts, ends, lo, hi, ok)

@@ -274,7 +274,9 @@ class _Recorder:
         self.sent: list[tuple[str, bytes, str | bytes | None]] = []
 
     def send(self, topic: str, value: bytes, key: str | bytes | None = None) -> None:
-        self.sent.append((topic, value, key))
+        # A copy of its own size: orjson's output keeps a 4 KiB allocation, 16x a sample message (a prepared
+        # run of 512 GPUs ran out of 24 GiB).
+        self.sent.append((topic, bytes(memoryview(value)), key))
 
     def poll(self) -> None:
         pass

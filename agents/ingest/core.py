@@ -180,7 +180,8 @@ class IngestCore:
             if pods.known:  # the Kubernetes collector knows some nodes' pods and their workloads
                 labels = [pods.filled(node, gpu, lab) for node, gpu, lab in zip(block.nodes, block.gpus, labels,
                                                                                   strict=True)]
-            offsets = [records[i].offset for i in block.index]
+            offsets = (list(map(_offset, records)) if len(block.index) == len(records)
+                       else [records[i].offset for i in block.index])
             aligner.add_block(si, block.nodes, block.gpus, labels, block.lens, block.ts_ns, block.value, si, offsets)
         except Exception:  # a bug of ours in the block: its records one by one, as a poll that tripped the decode
             for i in block.index:
