@@ -98,6 +98,8 @@ def create_app(settings: Settings, on_flush: Callable[[IngestStats], None] | Non
     """A Faust app wired to the configured broker, with every flopwatch topic declared as raw bytes:
     the ingest as a service and (``detect``) the detection agent on ``flopwatch.frames``."""
     brokers = ";".join(f"kafka://{b.strip()}" for b in settings.kafka_bootstrap.split(","))
+    faust_dir = Path(settings.chdb_path).parent / "faust"
+    faust_dir.mkdir(parents=True, exist_ok=True)  # Faust makes only the last level of its data directory
     app = App(
         f"{settings.group_id}-app",
         broker=brokers,
@@ -111,7 +113,7 @@ def create_app(settings: Settings, on_flush: Callable[[IngestStats], None] | Non
         store="memory://",
         # Beside chDB's directory (.flopwatch/ by default), not Faust's "<id>-data" in whatever directory the
         # worker was started from: the tables are in memory, but Faust still makes the directory.
-        datadir=str(Path(settings.chdb_path).parent / "faust" / "{conf.id}"),
+        datadir=str(faust_dir / "{conf.id}"),
         autodiscover=False,
         **WebOptions.from_settings(settings).app_kwargs(),
     )

@@ -434,3 +434,4 @@ def test_the_faust_data_directory_lies_beside_chdbs_not_in_the_working_directory
     app = create_app(load_settings({}, web_enabled=False, group_id="gx", chdb_path=str(tmp_path / "db" / "chdb")),
                      detect=False)
     assert Path(app.conf.datadir) == tmp_path / "db" / "faust" / "gx-app"
+    app.conf.datadir.mkdir(exist_ok=True)  # what Faust does as it starts: only the last level
