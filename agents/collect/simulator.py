@@ -8,7 +8,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from agents.kafka.producer import SampleProducer
@@ -22,8 +22,6 @@ from schemas.records import SampleBatch
 from streams.align.clock import BeaconNoise, DomainClock
 from streams.sim.scenario import Scenario
 from streams.sim.simulate import NVML_SENSORS, ClusterSimulator, SimParams, node_name
-
-PreparedStep = tuple[int, list[tuple[str, bytes, str | bytes | None]]]  # event-time end, (topic, value, key)
 
 log = logging.getLogger(__name__)
 _S = 1_000_000_000
@@ -226,63 +224,6 @@ class SimulatorPublisher:
             time.sleep(max(0.0, (due - self.clock.wall_ns()) / _S))
         self.producer.flush()
         return self.stats
-
-
-    def prepare_live(self, duration_s: float, step_s: float = 0.1) -> list[PreparedStep]:
-        """What ``live`` would send over the next ``duration_s``, made now, step by step: each step's event-time
-        end and its messages (topic, value, key), for ``play``. A benchmark's load generator then costs only the
-        sends while the worker runs, as collectors on other machines would (at 512 simulated GPUs, making the
-        samples took ~0.6 of a core on the worker's machine)."""
-        real, recorder = self.producer, _Recorder()
-        self.producer = recorder  # type: ignore[assignment]
-        steps: list[PreparedStep] = []
-        try:
-            t, end, step_ns = self.until_ns, self.until_ns + int(duration_s * _S), int(step_s * _S)
-            while t < end:
-                t = min(end, t + step_ns)
-                self._publish(t)
-                steps.append((t, recorder.sent))
-                recorder.sent = []
-        finally:
-            self.producer = real
-        return steps
-
-    def play(self, steps: Sequence[PreparedStep], stop: threading.Event | None = None) -> int:
-        """Send ``prepare_live``'s steps in real time, each once the wall clock reaches its event-time end (at
-        once if that has passed); returns how many steps were sent late by more than one step."""
-        late, prev = 0, None
-        for until_ns, messages in steps:
-            if stop is not None and stop.is_set():
-                break
-            wait_ns = until_ns - self.clock.wall_ns()
-            if wait_ns > 0:
-                time.sleep(wait_ns / _S)
-            elif prev is not None and -wait_ns > until_ns - prev:
-                late += 1
-            prev = until_ns
-            for topic, value, key in messages:
-                self.producer.send(topic, value, key)
-            self.producer.poll()
-        self.producer.flush()
-        return late
-
-
-class _Recorder:
-    """Stands in for the producer while ``prepare_live`` runs the simulator: keeps what it is given."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, bytes, str | bytes | None]] = []
-
-    def send(self, topic: str, value: bytes, key: str | bytes | None = None) -> None:
-        # A copy of its own size: orjson's output keeps a 4 KiB allocation, 16x a sample message (a prepared
-        # run of 512 GPUs ran out of 24 GiB).
-        self.sent.append((topic, bytes(memoryview(value)), key))
-
-    def poll(self) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
 
 
 def next_step(due_ns: int, step_ns: int, now_ns: int) -> int:

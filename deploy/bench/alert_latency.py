@@ -1,15 +1,13 @@
 """Wall-clock latency of an efficiency alert in live input: from the last sample that completes the
 confirmation (the end of the confirming tick) to the alert on ``flopwatch.alerts``.
 
-    python deploy/bench/alert_latency.py [--seconds 150] [--nodes 4] [--gpus 2] [--every 12] [--generate-live]
+    python deploy/bench/alert_latency.py [--seconds 150] [--nodes 4] [--gpus 2] [--every 12]
 
 Needs Kafka (FLOPWATCH_KAFKA_BOOTSTRAP; ``deploy/services.sh start``). The simulator publishes
 a steady cluster in real time with a 30 % drop of 10 s on one GPU every ``--every`` seconds
-from 40 s on, the GPUs in turn (its messages made before the run and sent step by step when their
-time comes, so that on a small machine making them does not take the worker's CPU; with
-``--generate-live``, made while the worker runs, as before 2026-12-07); a ``flopwatch worker``
-(Faust runtime: ingest service + detection agent, default settings, chDB) aligns, derives, publishes
-frames and detects; this script reads the alerts as they come.
+from 40 s on, the GPUs in turn; a ``flopwatch worker`` (Faust runtime: ingest service +
+detection agent, default settings, chDB) aligns, derives, publishes frames and detects; this
+script reads the alerts as they come.
 A tick closes once its node's watermark passes its end by the allowed lateness, so the
 figure that is flopwatch's own is the latency beyond that lateness; a stream sampled once per
 grid step (the 1 Hz host and clock streams) can hold the watermark up to one more step, so the
@@ -67,28 +65,12 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=2)
     ap.add_argument("--every", type=float, default=12.0, help="seconds between drops (each GPU's drops stay "
                     "further apart than the baseline needs to settle: nodes x gpus x every >= 80 s)")
-    ap.add_argument("--generate-live", action="store_true",
-                    help="make the samples while the worker runs, as the simulator's live mode does, instead of "
-                    "before it starts (SimulatorPublisher.prepare_live): on a small machine the generator then "
-                    "takes CPU from the worker that collectors on other machines would not")
     args = ap.parse_args()
     with live_worker("al") as (settings, consumer, _, _):
         scenario = parse_scenario(scenario_text(args.nodes, args.gpus, args.seconds, args.every), "alert-latency")
-        # Prepared: the run starts once the samples are made (about 1 ms of CPU per GPU and second here, a
-        # margin on top); a late start would only crowd the first seconds, before the first drop at 40 s.
-        lead_s = 0.0 if args.generate_live else 5.0 + 2e-3 * args.nodes * args.gpus * args.seconds
-        params = SimParams(nodes=args.nodes, gpus=args.gpus, seed=3, start_ns=time.time_ns() + int(lead_s * 1e9),
-                           steady=True)
+        params = SimParams(nodes=args.nodes, gpus=args.gpus, seed=3, start_ns=time.time_ns(), steady=True)
         pub = SimulatorPublisher(settings, params, batch_size=100, scenario=scenario)
-        late_steps: list[int] = []
-        made_s = 0.0
-        if args.generate_live:
-            live = threading.Thread(target=pub.live, args=(args.seconds,))
-        else:
-            t0 = time.monotonic()
-            steps = pub.prepare_live(args.seconds)
-            made_s = time.monotonic() - t0
-            live = threading.Thread(target=lambda: late_steps.append(pub.play(steps)))
+        live = threading.Thread(target=pub.live, args=(args.seconds,))
         live.start()
         topics = Topics(settings.topic_prefix)
         consumer.subscribe([topics.alerts, topics.frames])
@@ -102,7 +84,7 @@ def main() -> None:
         onsets: list[float] = []
         want = {(t.node, t.gpu) for t in scenario.truth(params.start_ns)}
         fired = set()
-        deadline = params.start_ns / 1e9 + args.seconds + 20
+        deadline = time.time() + args.seconds + 20
         while time.time() < deadline:
             m = consumer.poll(0.05)
             if m is None or m.error():
@@ -166,9 +148,7 @@ def main() -> None:
             "frames_after_tick_end_by_node_median_s": sorted(
                 ((round(statistics.median(v), 3), node) for node, v in by_node(late_frames, args.seconds - 10).items()),
                 reverse=True)[:6],
-            "nodes": args.nodes, "gpus": args.gpus, "seconds": args.seconds,
-            "samples_made": "while the worker ran" if args.generate_live else
-            f"before the run ({made_s:.1f} s; {pub.stats.messages} messages), steps sent late: {late_steps}"}))
+            "nodes": args.nodes, "gpus": args.gpus, "seconds": args.seconds}))
 
 
 if __name__ == "__main__":
