@@ -81,7 +81,7 @@ def test_a_poll_becomes_frames_and_commits_wait_for_open_cells() -> None:
     assert core.commit_points(nxt) == nxt and not letters.sent
 
 
-def test_the_open_cells_gauge_is_recounted_once_a_second_and_never_reads_zero_while_cells_are_open() -> None:
+def test_the_open_cells_gauge_is_recounted_now_and_then_and_never_reads_zero_while_cells_are_open() -> None:
     core, store, _, clock = make()
     power = TopicPartition(POWER, 0)
     core.handle({power: [rec(POWER, 0, 0.0, 300.0)]})
@@ -90,7 +90,7 @@ def test_the_open_cells_gauge_is_recounted_once_a_second_and_never_reads_zero_wh
     core.handle({power: [rec(POWER, 1, 1.0, 300.0), rec(POWER, 2, 2.0, 300.0)]})
     core.advance(quiet_all(0))
     assert core.open_cells() == 3
-    assert core.open_cells_gauge(core_module.OPEN_CELLS_EVERY_NS - 1) == 1  # within the second: the last count
+    assert core.open_cells_gauge(core_module.OPEN_CELLS_EVERY_NS - 1) == 1  # within the interval: the last count
     assert core.open_cells_gauge(core_module.OPEN_CELLS_EVERY_NS) == 3
     clock.advance(5 * S)
     core.advance(quiet_all(5 * S))  # everything closes
