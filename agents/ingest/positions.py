@@ -1,14 +1,11 @@
 """What Kafka tells the worker about its partitions: read positions, lag, and quiet clocks.
 
 A sensor partition's *quiet clock* (``streams.align.holds``) counts the nanoseconds during
-which Kafka confirmed it caught up: the time up to each fetch response for it (a caught-up
-partition gets one about every ``fetch_max_wait_ms``) whose highwater our position has reached,
-from the one before (at most ``ANSWER_S`` per response), while not paused. The aligners measure a
-stream's idleness on it, so time in which the data could not have arrived (a broker outage, a backlog
-still being read) never makes a stream idle, nor does a long turn of the worker's loop: the fetcher
-shares the loop, so during the turn no response comes, and new records may be waiting in Kafka
-(counting the turn as quiet made a caught-up stream idle after one turn of the suite's 1-2 s bounds,
-and its records late).
+which Kafka confirmed it caught up: a fetch response for it within ``ANSWER_S`` (a
+caught-up partition gets one about every ``fetch_max_wait_ms``) whose highwater our
+position has reached, and not paused. The aligners measure a stream's idleness on it, so time in which
+the data could not have arrived (a broker outage, a backlog still being read) never
+makes a stream idle.
 """
 
 from __future__ import annotations
@@ -26,19 +23,19 @@ ANSWER_S = 2.0  # a fetch response older than this does not confirm a partition 
 class Positions:
     """Per assigned partition: the next offset to read, and each sensor partition's quiet clock.
 
-    ``wall_ns`` is the clock of the fetcher's response times (injected so tests can drive it).
+    ``mono_ns`` and ``wall_ns`` are the clocks (injected so tests can drive them).
     """
 
-    def __init__(self, wall_ns: Callable[[], int] = time.time_ns) -> None:
-        self._wall_ns = wall_ns
+    def __init__(self, mono_ns: Callable[[], int] = time.monotonic_ns,
+                 wall_ns: Callable[[], int] = time.time_ns) -> None:
+        self._mono_ns, self._wall_ns = mono_ns, wall_ns
         self.next: dict[TopicPartition, int] = {}  # one past the last record read
         # Fetch positions of assigned partitions not read from yet; they change only on a
         # (re)assignment, which bumps the epoch so a probe started before it is thrown away.
         self._probed: dict[TopicPartition, int] = {}
         self._epoch = 0
         self.quiet: dict[TopicPartition, int] = {}
-        self._turn = wall_ns()
-        self._counted: dict[TopicPartition, int] = {}  # per partition, the wall time its quiet clock counted to
+        self._turn = mono_ns()
 
     def assigned(self, sensor_partitions: Iterable[TopicPartition]) -> None:
         self._epoch += 1
@@ -52,7 +49,6 @@ class Positions:
         for tp in revoked:
             self.next.pop(tp, None)
             self.quiet.pop(tp, None)
-            self._counted.pop(tp, None)
 
     def read(self, tp: TopicPartition, last_offset: int) -> None:
         self.next[tp] = last_offset + 1
@@ -109,21 +105,22 @@ class Positions:
         return {tp for tp, n in self.behind(consumer) if n != 0}
 
     def tick_quiet(self, consumer: AIOKafkaConsumer) -> None:
-        """Run the quiet clock of each sensor partition Kafka confirmed caught up since the last turn: up to the
-        time of its latest fetch response, from the one before or the last turn's end (at most ``ANSWER_S``)."""
-        now = self._wall_ns()
-        start, self._turn = self._turn, now
-        fresh_ns = now - int(ANSWER_S * 1e9)
-        quiet, counted = self.quiet, self._counted
+        """Run the quiet clock of each sensor partition Kafka confirms caught up. A turn counts
+        for at most ``ANSWER_S``, so a stalled loop does not count as quiet."""
+        now = self._mono_ns()
+        step = min(now - self._turn, int(ANSWER_S * 1e9))
+        self._turn = now
+        if step <= 0:
+            return
+        fresh_ms = self._wall_ns() / 1e6 - ANSWER_S * 1000
+        quiet = self.quiet
         paused = consumer.paused()  # not read (agents.ingest.outage): its last answer is stale at once
         for tp in quiet:
-            answered_ms = None if tp in paused else consumer.last_poll_timestamp(tp)
-            if answered_ms is None or answered_ms * 1e6 < fresh_ns:
-                counted.pop(tp, None)
+            if tp in paused:
                 continue
-            answered = int(answered_ms * 1e6)
-            since = counted.get(tp, start)
-            counted[tp] = max(since, answered)
+            answered = consumer.last_poll_timestamp(tp)
+            if answered is None or answered < fresh_ms:
+                continue
             hw, pos = consumer.highwater(tp), self.position(tp)
-            if answered > since and hw is not None and pos is not None and pos >= hw:
-                quiet[tp] += min(answered - since, int(ANSWER_S * 1e9))
+            if hw is not None and pos is not None and pos >= hw:
+                quiet[tp] += step

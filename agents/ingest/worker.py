@@ -88,7 +88,7 @@ class Ingestor:
         self._backend_factory = backend_factory
         # chDB is bound to the thread that opened it; every ClickHouse call goes through this one.
         self._ch = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clickhouse")
-        self._pos = Positions(wall_ns=clock.wall_ns)  # read positions, quiet clocks
+        self._pos = Positions(mono_ns=clock.mono_ns, wall_ns=clock.wall_ns)  # read positions, quiet clocks
         self._lock = asyncio.Lock()
         self._core: IngestCore | None = None
         self._store: FrameStore | None = None
