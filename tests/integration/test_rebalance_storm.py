@@ -19,6 +19,7 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -92,6 +93,7 @@ def test_a_rebalance_storm_of_three_workers_loses_and_doubles_nothing(native_set
         assert done.is_set(), "the producer did not finish"
         deadline = time.monotonic() + 180
         got, nrows = stored_frames(settings)
+        stats: list[dict[str, Any]] = []
         while time.monotonic() < deadline:
             got, nrows = stored_frames(settings)
             stats = [w.drain() for w in workers]
@@ -116,6 +118,10 @@ def test_a_rebalance_storm_of_three_workers_loses_and_doubles_nothing(native_set
         deadline = time.monotonic() + 30
         while not want_decisions <= set(decisions := _stored_decisions(settings)) and time.monotonic() < deadline:
             time.sleep(1.0)
+        # Which nodes' records went to the dead-letter topic (any worker's, gone ones too): if frames are missing,
+        # this tells a stream counted idle too early (its samples late) from a tick that never closed.
+        dead = Counter((key or b"?").decode(errors="replace")
+                       for key, _ in read_topic(settings, Topics(settings.topic_prefix).dlq, idle_s=1.0))
     finally:
         for w in workers:
             w.proc.kill()
@@ -126,7 +132,11 @@ def test_a_rebalance_storm_of_three_workers_loses_and_doubles_nothing(native_set
     for w, how in gone:  # a SIGTERMed worker commits what it wrote and leaves the group cleanly
         assert w.proc.wait(30) == (0 if how == "SIGTERM" else -signal.SIGKILL), (how, "".join(w.tail)[-3000:])
     assert nrows == len(got), f"{nrows - len(got)} duplicate rows in gpu_frames"
-    assert_frames_equal(got, want)
+    try:
+        assert_frames_equal(got, want)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\ndead-lettered records by node: {dict(dead)}; open cells of the live workers: "
+                             f"{[st.get('open_cells') for st in stats]}") from exc
     assert all(st.get("rejects", {}) == {} for st in (w.drain() for w in workers))
     twice = {m: n for m, n in Counter(sent).items() if n > 1}
     assert not twice, f"alert messages sent more than once: {twice}"
