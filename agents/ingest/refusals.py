@@ -24,7 +24,7 @@ def late_detail(settings: Settings, late: LateSamples, per_step: bool) -> str:
     decided it (``per_step``: their topic has the per-step cadence, ``streams.align.steps``)."""
     if late.why == "disorder":
         why = (f"they are older than their series' newest sample by more than the allowed lateness "
-               f"({settings.lateness_ms} ms, FLOPWATCH_LATENESS_MS)")
+               f"({settings.lateness_ms} ms, FLOPWATCH_LATENESS_MS) less the series' sampling period")
     elif late.why == "cap":
         why = (f"their partition's open cells reached FLOPWATCH_MAX_OPEN_SAMPLES "
                f"({settings.max_open_samples:,} samples) and its oldest ticks were written early")

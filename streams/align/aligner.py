@@ -182,7 +182,8 @@ class GridAligner:
             starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
             idx = np.flatnonzero(late)
             msg = np.searchsorted(starts, idx, side="right") - 1
-            disorder = fronts.series_max[sid[idx]] - ts[idx] > self.params.allowed_lateness_ns
+            of = sid[idx]  # out of order by more than the lateness less the series' reach: disorder
+            disorder = fronts.series_max[of] - ts[idx] > self.params.allowed_lateness_ns - fronts.series_reach[of]
             capped = tick[idx] < self._capped_below
             # idx ascends, so each message's late samples are one run of msg: cut the runs in one pass (a
             # test per message would be quadratic, seconds a poll when a backlog of old data arrives).
@@ -197,7 +198,7 @@ class GridAligner:
             keep = ~late
             ts, v, sid, src, pos, tick = ts[keep], v[keep], sid[keep], src[keep], pos[keep], tick[keep]
             unc = unc[keep]
-        fronts.placed(sid, src, ts)
+        fronts.placed(sid, src, ts, self.params.allowed_lateness_ns // 2)
         self._open.add(Rows(sid, tick, ts, v, src, pos, unc, reg.arr("s_node")[sid]))
         return out
 

@@ -48,7 +48,8 @@ class LateSamples:
     position: int
     indices: list[int]  # into that call's ts_ns / values
     total: int  # samples in that call
-    # Why: "disorder" (older than its own series' newest by more than the lateness), "cap" (its
+    # Why: "disorder" (older than its own series' newest by more than the lateness less the series'
+    # reach, ``streams.align.holds``), "cap" (its
     # cells closed early to keep max_open_samples) or "idle" (they closed while its series or
     # source counted as idle, or by the max_open_ticks cap).
     why: str = field(default="idle", compare=False)

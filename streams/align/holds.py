@@ -11,8 +11,11 @@ series of its node; the other sources of its partition) by more than the allowed
 lateness, and since the later of the moment it fell behind and its last delivery,
 its source's *quiet clock* has run for ``idle_ns``. A source that has not delivered
 yet holds at minus infinity on the same terms. A delivery makes a stream hold again
-at once. A series holds at its newest sample; a source at the newest *first* stamp of
-its messages, which covers the series it carries that the aligner has not seen yet.
+at once. A series holds at its newest sample plus its *reach* (its sampling period as
+measured, at most half the lateness: a sampler has nothing to send before then, and a
+sample in time order is never late for it); a source at the newest *first* stamp of
+its messages plus the shortest reach of its series, which covers the series it carries
+that the aligner has not seen yet.
 
 The quiet clock of a source runs only while Kafka confirms the source caught up (a
 fresh fetch response, nothing unread behind our position); the ingest keeps it. So a

@@ -1,8 +1,9 @@
 """Node watermarks and when the aligner closes a node's cells.
 
 A node's watermark is the *minimum* over the streams that hold it of the newest
-event time each has delivered, minus the allowed lateness: the node's own series
-(gpu x sensor) and the sources (Kafka topic-partitions) of the aligner. Using the
+event time each has delivered plus its reach (``streams.align.holds``), minus the
+allowed lateness: the node's own series (gpu x sensor) and the sources (Kafka
+topic-partitions) of the aligner. Using the
 minimum rather than the maximum matters: the 23 sensors travel on 23 topics that a
 consumer drains at different speeds, and a batch message can move one series ten
 seconds ahead at once; the minimum closes a cell only when every stream has moved
@@ -20,10 +21,13 @@ samples bound the memory (``close_before``).
 >>> sids = [reg.add_series(n, "n", gpu, 4, src, None) for gpu in "01"]
 >>> fronts.grow_sources(1); fronts.grow_series(2)
 >>> fronts.received(np.array(sids), np.array([src, src]), np.array([1, 1]), np.array([5_000, 9_000]))
->>> fronts.placed(np.array(sids), np.array([src, src]), np.array([5_000, 9_000]))
+>>> fronts.placed(np.array(sids), np.array([src, src]), np.array([5_000, 9_000]), most_reach_ns=500)
 >>> held = fronts.holding(reg, None, now_ns=0, params=AlignParams(allowed_lateness_ns=1_000))
 >>> fronts.watermarks(reg, held[0], held[1], lateness_ns=1_000)  # GPU 0 holds node n back
 {0: 4000}
+>>> fronts.placed(np.array(sids[:1]), np.array([src]), np.array([5_100]), most_reach_ns=500)
+>>> fronts.watermarks(reg, held[0], held[1], lateness_ns=1_000)  # sampled every 100: nothing before 5_200
+{0: 4200}
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ class Fronts:
 
     def __init__(self) -> None:
         self.series_max: I64 = np.empty(0, np.int64)
+        # Per series, how far past its newest sample it holds (``reach``): its sampling period, as measured.
+        self.series_reach: I64 = np.empty(0, np.int64)
         self.series_quiet = QuietStreams()
         self.src_front: I64 = np.empty(0, np.int64)  # per source, the newest first stamp of its messages
         self.src_newest: I64 = np.empty(0, np.int64)  # per source, the newest event time it delivered
@@ -75,6 +81,9 @@ class Fronts:
             grown = np.full(n, NO_TS, np.int64)
             grown[: len(self.series_max)] = self.series_max
             self.series_max = grown
+            reach = np.zeros(n, np.int64)
+            reach[: len(self.series_reach)] = self.series_reach
+            self.series_reach = reach
 
     def keep_series(self, keep: BoolArr) -> None:
         """Keep only the series marked in ``keep`` (by series id), renumbered in order; between advances (nothing
@@ -82,6 +91,7 @@ class Fronts:
         if self.touched_sid:
             raise RuntimeError("series delivered since the last holding(): renumber after an advance")
         self.series_max = kept(self.series_max, keep)
+        self.series_reach = kept(self.series_reach, keep)
         self.series_quiet.keep(keep)
         self.series_steps.keep(keep)
 
@@ -99,10 +109,26 @@ class Fronts:
             firsts = np.minimum.reduceat(ts, (np.cumsum(lens) - lens)[full])
             np.maximum.at(self.src_front, msg_srcs[full], firsts)
 
-    def placed(self, sid: I64, src: I64, ts: I64) -> None:
-        """Samples (by series and source) went into open cells."""
+    def placed(self, sid: I64, src: I64, ts: I64, most_reach_ns: int) -> None:
+        """Samples (by series and source) went into open cells; each series that moved on measures its period
+        (``reach``, at most ``most_reach_ns``) as the time it moved over the samples it took to move it."""
+        before = self.series_max.copy()
         np.maximum.at(self.series_max, sid, ts)
         np.maximum.at(self.src_newest, src, ts)
+        moved = np.flatnonzero(self.series_max > before)
+        if not len(moved):
+            return
+        # A sample behind its series' newest counts too, so disorder only shortens the reach.
+        took = np.bincount(sid, minlength=len(before))[moved]
+        since = before[moved]
+        first = since == NO_TS
+        if first.any():  # a series' first samples: from its oldest, over the gaps between them
+            oldest = np.full(len(before), np.iinfo(np.int64).max, np.int64)
+            np.minimum.at(oldest, sid, ts)
+            since[first] = oldest[moved[first]]
+            took[first] -= 1
+        gap = (self.series_max[moved] - since) // np.maximum(took, 1)
+        self.series_reach[moved] = np.minimum(np.where(took > 0, gap, 0), most_reach_ns)
 
     def holding(self, reg: StreamRegistry, quiet_ns: Mapping[Any, int] | None, now_ns: int,
                 params: AlignParams) -> tuple[BoolArr, BoolArr, I64]:
@@ -153,17 +179,24 @@ class Fronts:
 
     def watermarks(self, reg: StreamRegistry, series_held: BoolArr, source_held: BoolArr,
                    lateness_ns: int) -> dict[int, int]:
-        """Per node id: min over the streams holding it of their newest event time, minus the lateness."""
+        """Per node id: min over the streams holding it of their newest event time and reach, minus the lateness
+        (``streams.align.holds``: a stream's reach)."""
         if not len(self.series_max):
             return {}
-        s_node = reg.arr("s_node")
+        s_node, s_src = reg.arr("s_node"), reg.arr("s_src")
         seen = self.series_max > NO_TS
         nodes = len(reg.node_names)
         newest = np.full(nodes, NO_TS, np.int64)
         np.maximum.at(newest, s_node[seen], self.series_max[seen])
         low = np.full(nodes, np.iinfo(np.int64).max, np.int64)
-        np.minimum.at(low, s_node[series_held], self.series_max[series_held])
-        floor = int(self.src_front[source_held].min(initial=np.iinfo(np.int64).max))
+        reach = self.series_reach[: len(s_node)]
+        np.minimum.at(low, s_node[series_held], self.series_max[series_held] + reach[series_held])
+        # A source reaches as far as the shortest reach of the series it carries (none known: its front alone).
+        most = np.iinfo(np.int64).max
+        src_reach = np.full(len(self.src_front), most, np.int64)
+        np.minimum.at(src_reach, s_src, reach)
+        src_reach[src_reach == most] = 0
+        floor = int((self.src_front + src_reach)[source_held].min(initial=most))
         np.minimum(low, floor, out=low)
         return {n: max(int(low[n]), NO_TS) - lateness_ns for n in range(nodes) if newest[n] > NO_TS}
 
