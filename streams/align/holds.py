@@ -15,7 +15,7 @@ at once. A series holds at its newest sample plus its *reach* (its sampling peri
 measured, at most half the lateness: a sampler has nothing to send before then, and a
 sample in time order is never late for it); a source at the newest *first* stamp of
 its messages plus the shortest reach of its series, which covers the series it carries
-that the aligner has not seen yet.
+that the aligner has not seen yet. No hold reaches past the node's newest event time.
 
 The quiet clock of a source runs only while Kafka confirms the source caught up (a
 fresh fetch response, nothing unread behind our position); the ingest keeps it. So a

@@ -179,8 +179,8 @@ class Fronts:
 
     def watermarks(self, reg: StreamRegistry, series_held: BoolArr, source_held: BoolArr,
                    lateness_ns: int) -> dict[int, int]:
-        """Per node id: min over the streams holding it of their newest event time and reach, minus the lateness
-        (``streams.align.holds``: a stream's reach)."""
+        """Per node id: min over the streams holding it of their newest event time plus their reach
+        (``streams.align.holds``), at most the node's newest event time, minus the lateness."""
         if not len(self.series_max):
             return {}
         s_node, s_src = reg.arr("s_node"), reg.arr("s_src")
@@ -198,6 +198,9 @@ class Fronts:
         src_reach[src_reach == most] = 0
         floor = int((self.src_front + src_reach)[source_held].min(initial=most))
         np.minimum(low, floor, out=low)
+        # Never past the node's newest event time: a sample within the lateness of it is never late, reach or not
+        # (without the reach the node's newest series, which always holds, kept the watermark there).
+        np.minimum(low, newest, out=low)
         return {n: max(int(low[n]), NO_TS) - lateness_ns for n in range(nodes) if newest[n] > NO_TS}
 
 

@@ -52,10 +52,11 @@ def test_sigkill_mid_run_loses_and_duplicates_nothing(any_settings: Settings, ru
     want = expected_frames(params, duration)
 
     def produce_rest() -> None:
-        # Paced over ~6 s, longer than a worker takes to start and join its group (~3 s on a busy
-        # 2-core machine): at 3 s a slow start found all data there and the kill landed after the end.
-        for _ in range(30):
-            pub.backlog(duration / 60, 2.0)
+        # Paced over ~12 s, longer than a worker takes to start and join its group (~3 s on a busy
+        # 2-core machine, and more in a full CI run): at 3 s, and once at 6 s, a slow start found all
+        # data there, wrote every frame in one flush, and the kill point never came.
+        for _ in range(60):
+            pub.backlog(duration / 120, 2.0)
             time.sleep(0.2)
 
     worker = Worker(settings)

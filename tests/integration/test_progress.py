@@ -19,15 +19,15 @@ POWER = BY_NAME["power"].index
 
 
 def test_a_replay_does_not_reopen_empty_ticks_closed_before_the_crash(any_settings: Settings) -> None:
-    # Ticks 0-5 have samples; one at 12.5 s moves the watermark (lateness 5 s) to 9.5 s (with the series' reach:
-    # its period as measured, 12 s over 6 gaps), so ticks 6 to 8 close with no samples while tick 12 stays open.
+    # Ticks 0-5 have samples; one at 12.5 s moves the watermark (lateness 5 s) to 7.5 s, so
+    # tick 6 closes with no samples while tick 12 stays open.
     params = AlignParams(allowed_lateness_ns=5 * S)
     a = GridAligner(params)
     a.add("n", "0", POWER, [T0 + k * S + S // 2 for k in range(6)], [300.0] * 6)
     a.add("n", "0", POWER, [T0 + 12 * S + S // 2], [300.0])
     adv = a.advance(now_ns=0)
     assert sorted(adv.frames.tick_ns.tolist()) == [T0 + k * S for k in range(6)]
-    assert a.closed_ticks() == {"n": T0 + 8 * S}
+    assert a.closed_ticks() == {"n": T0 + 6 * S}
     a.add("n", "0", POWER, [T0 + 6 * S + S // 3], [999.0])  # late: its tick closed empty
     assert len(a.advance(now_ns=0).late) == 1
 
@@ -40,8 +40,8 @@ def test_a_replay_does_not_reopen_empty_ticks_closed_before_the_crash(any_settin
         progress = store.recover()
     finally:
         backend.close()
-    # The newest frame is tick 5, but ticks 6 to 8 were final too: the crash must not reopen them.
-    assert progress.recovered.boundaries == {"n": T0 + 8 * S}
+    # The newest frame is tick 5, but tick 6 was final too: the crash must not reopen it.
+    assert progress.recovered.boundaries == {"n": T0 + 6 * S}
     again = GridAligner(params, progress.recovered)
     again.add("n", "0", POWER, [T0 + 6 * S + S // 3], [999.0])
     again.add("n", "0", POWER, [T0 + 12 * S + S // 2], [300.0])

@@ -1,5 +1,6 @@
 """A stream's reach (``streams.align.holds``): it holds its node's watermark at its newest sample plus its sampling
-period, so a tick does not wait a period more for each slow stream; no sample in time order becomes late for it."""
+period (never past the node's newest event time), so a tick does not wait a period more for each slow stream; no
+sample within the lateness of its node's newest event time becomes late."""
 
 from __future__ import annotations
 
@@ -34,8 +35,9 @@ def test_a_live_clusters_ticks_close_once_the_lateness_has_passed_not_a_1hz_peri
         delays += [(now - tick - GRID - LATENESS) / GRID for tick in {f.tick_ns for f in out(adv)}
                    if tick >= start + 5 * GRID]  # from the first samples, each stream measures its period
     assert late == 0 and len(delays) >= 30
-    # Within the step that brought the last sample needed, now and then one more (the per-step streams' jitter).
-    assert statistics.median(delays) < 0.1 and max(delays) < 0.25, sorted(delays)
+    # Within a step or two: the node's newest sample must pass the tick's end plus the lateness (a 10 Hz stream's
+    # next sample), now and then a step more (the per-step streams' jitter).
+    assert statistics.median(delays) < 0.15 and max(delays) < 0.3, sorted(delays)
 
 
 def hz1(a: GridAligner, seconds: range, phase_ms: int = 0) -> None:
@@ -48,17 +50,18 @@ def hz1(a: GridAligner, seconds: range, phase_ms: int = 0) -> None:
 
 def test_a_1hz_stream_reaches_a_second_past_its_newest_sample() -> None:
     a = GridAligner(PARAMS)
-    hz1(a, range(10), phase_ms=900)  # host samples at 0.9, 1.9, ... 9.9 s
+    hz1(a, range(10), phase_ms=100)  # host samples at 0.1, 1.1, ... 9.1 s
     a.advance(now_ns=T0 + 10 * GRID)
-    # The 10 Hz stream reaches 10.0 s, the host stream 9.9 + 1 = 10.9 s: the node's watermark is 10.0 - 2 = 8 s.
-    assert a.watermark("n") == T0 + 8 * GRID
+    # The host stream reaches 9.1 + 1 = 10.1 s, the 10 Hz stream 10.0 s, past the node's newest sample (9.9 s): the
+    # watermark is 9.9 - 2 s, where the host stream alone held it at 9.1 - 2 s before the reach.
+    assert a.watermark("n") == T0 + 7_900 * MS
 
 
 def test_a_sample_in_time_order_sooner_than_its_period_is_not_late() -> None:
     a = GridAligner(PARAMS)
     hz1(a, range(10), phase_ms=900)
     adv = a.advance(now_ns=T0 + 10 * GRID)
-    assert max(f.tick_ns for f in out(adv)) == T0 + 7 * GRID
+    assert max(f.tick_ns for f in out(adv)) == T0 + 6 * GRID  # the watermark: the node's newest, 9.9 s, - 2 s
     # The host collector restarts at another phase: its next sample comes 0.2 s after its last, not 1 s.
     a.add("n", "host", HOST, [T0 + 10_100 * MS], [51.0], source="h", position=10)
     adv = a.advance(now_ns=T0 + 10_200 * MS)
@@ -66,12 +69,12 @@ def test_a_sample_in_time_order_sooner_than_its_period_is_not_late() -> None:
     assert [f.count("n_host_cpu_util") for f in out(a.flush_all())][-1] == 1  # tick 10: the sample is in it
 
 
-def test_disorder_within_a_stream_is_tolerated_up_to_the_lateness_less_its_period() -> None:
+def test_a_sample_within_the_lateness_of_its_nodes_newest_is_never_late() -> None:
     a = GridAligner(PARAMS)
     hz1(a, range(12))  # host samples at whole seconds up to 11 s: it reaches 12 s, the GPU stream 12 s
     a.advance(now_ns=T0 + 12 * GRID)
-    assert a.watermark("n") == T0 + 10 * GRID  # ticks up to 9 are written
-    a.add("n", "host", HOST, [T0 + 10_050 * MS], [1.0], source="h", position=12)  # 0.95 s behind its newest: kept
-    a.add("n", "host", HOST, [T0 + 9_950 * MS], [1.0], source="h", position=13)  # 1.05 s behind, tick 9: late
+    assert a.watermark("n") == T0 + 9_900 * MS  # the node's newest sample, 11.9 s, - 2 s: ticks up to 8 are written
+    a.add("n", "host", HOST, [T0 + 9_950 * MS], [1.0], source="h", position=12)  # 1.95 s behind the node: kept
+    a.add("n", "host", HOST, [T0 + 8_950 * MS], [1.0], source="h", position=13)  # tick 8: late, out of its order
     adv = a.advance(now_ns=T0 + 12 * GRID)
     assert [(x.position, x.why) for x in adv.late] == [(13, "disorder")]

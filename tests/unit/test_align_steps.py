@@ -32,23 +32,23 @@ def live(a: GridAligner, until_s: float, pauses: dict[int, range], start_s: floa
 def test_a_paused_per_step_stream_does_not_hold_its_node() -> None:
     # A checkpoint: the dataloader is silent from 10 s to 30 s while the GPU's streams go on.
     closed = live(GridAligner(PARAMS), 40, {WAIT: range(100, 300)})
-    # Every tick closes once the lateness less the streams' reach (their 100 ms period) has passed: the dataloader
-    # falls behind as the pause begins, and its step bound runs out before the clocked streams reach the next tick.
-    assert set(closed) == set(range(38)) and set(closed.values()) == {1.9}
+    # Every tick closes once the lateness has passed: the dataloader's last sample and reach (its 100 ms period)
+    # cover the tick its pause began in, and its step bound runs out before the clocked streams reach the next one.
+    assert set(closed) == set(range(37)) and set(closed.values()) == {2.0}
 
 
 def test_a_paused_clocked_stream_holds_its_node_for_the_idle_bound() -> None:
     # The same silence on a clocked stream (a collector that stopped) holds the node for the idle bound.
     closed = live(GridAligner(PARAMS), 40, {TEMP: range(100, 300)})
     # Its last sample (9.9 s) and reach cover tick 7; tick 8 waits until it counts as idle (behind from 12 s, + 15 s).
-    assert closed[7] == 1.9 and closed[8] == 18.0 and closed[5] == 1.9 and closed[35] == 1.9
+    assert closed[7] == 2.0 and closed[8] == 18.0 and closed[5] == 2.0 and closed[35] == 2.0
 
 
 def test_a_per_step_streams_samples_after_the_pause_find_their_cells_open() -> None:
     a = GridAligner(PARAMS)
     live(a, 40, {WAIT: range(100, 300)})
     frames = out(a.flush_all())
-    assert [f.count("n_dataloader_wait_ms") for f in frames] == [10, 10]  # ticks 38 and 39
+    assert [f.count("n_dataloader_wait_ms") for f in frames] == [10, 10, 10]  # ticks 37 to 39
 
 
 def burst(a: GridAligner, si: int, src: str, seconds: range) -> None:
@@ -80,7 +80,8 @@ def test_after_a_rest_a_live_node_waits_the_step_bound_for_its_per_step_topics()
         assert out(a.advance(now_ns=T0 + 32 * GRID)) == []
         burst(a, POWER, "p", range(30, 32))
         burst(a, TEMP, "t", range(30, 32))
-        assert out(a.advance(now_ns=T0 + 32 * GRID)) == []
+        # Tick 27 closes at once: the dataloader's last sample (29.9 s) and reach cover it.
+        assert [f.tick_ns for f in out(a.advance(now_ns=T0 + 32 * GRID))] == [T0 + 27 * GRID]
         # Tick 28 may close, but the dataloader holds it for the step bound after the flush began.
         assert [f.tick_ns for f in out(a.advance(now_ns=T0 + 32 * GRID + lands_ms * MS))] == (
             [] if waited else [T0 + 28 * GRID])
@@ -96,9 +97,10 @@ def test_a_live_nodes_buffered_flush_after_a_broker_outage_holds_its_per_step_to
     # in one poll, the dataloader's 5 s later (recent data: the node counts as live).
     burst(a, POWER, "p", range(30, 40))
     burst(a, TEMP, "t", range(30, 40))
-    assert [f.tick_ns for f in out(a.advance(now_ns=T0 + 40 * GRID))] == []
+    # Tick 27 closes at once: the dataloader's last sample (29.9 s) and reach cover it.
+    assert [f.tick_ns for f in out(a.advance(now_ns=T0 + 40 * GRID))] == [T0 + 27 * GRID]
     assert out(a.advance(now_ns=T0 + 45 * GRID)) == []  # the peers ran 10 s ahead at once: not a pause
     burst(a, WAIT, "w", range(30, 40))
     adv = a.advance(now_ns=T0 + 45 * GRID)
-    # Ticks 28 to 36 (27 closed live; 37 waits for the next messages' first stamps).
+    # Ticks 28 to 36 (37 waits for the next messages' first stamps).
     assert adv.late == [] and [f.count("n_dataloader_wait_ms") for f in out(adv)] == [10] * 9
