@@ -30,7 +30,9 @@ def stop_merges(settings: Settings) -> None:
 def test_an_insert_whose_reply_was_lost_is_not_written_twice(native_settings: Settings) -> None:
     marker = f"INSERT INTO {native_settings.clickhouse_database}.gpu_frames".encode()
     with ReplyCutter(native_settings.clickhouse_port, marker, hold_s=1.5) as cutter:
-        settings = native_settings.replace(clickhouse_port=cutter.port, flush_rows=100)
+        # Idle after 5 s, as the other fault tests: the suite's 1 s let one long loop turn around a cut insert,
+        # counted as quiet, make a stream idle and its next records late (714 samples, one full CI run).
+        settings = native_settings.replace(clickhouse_port=cutter.port, flush_rows=100, source_idle_s=5.0)
         with live_run(settings, SimParams(nodes=2, gpus=4, seed=67, start_ns=whole_second(0)), 25.0) as (
                 pub, worker, producing):
             worker.wait_for(lambda st: st["frames_written"] > 0)
