@@ -207,3 +207,34 @@ def live_run(settings: Settings, params: SimParams, seconds: float,
         if producing.is_alive():
             producing.join(60)
         worker.stop()
+
+
+def dead_letter_summary(settings: Settings, idle_s: float = 1.0) -> dict[str, int]:
+    """Records on the dead-letter topic as ``"reason topic key"`` -> samples (a partly refused batch counts its
+    refused samples): what a failed exactness check should say, since a sample lost to a frame is either there or
+    a bug."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from agents.kafka.topics import Topics, confluent_config
+
+    topic = Topics(settings.topic_prefix).dlq
+    c = Consumer(confluent_config(settings) | {"group.id": f"dlq-{time.time_ns()}", "auto.offset.reset": "earliest",
+                                               "enable.auto.commit": False, "isolation.level": "read_committed"})
+    out: collections.Counter[str] = collections.Counter()
+    try:
+        meta = c.list_topics(topic, timeout=10)
+        c.assign([TopicPartition(topic, p, 0) for p in meta.topics[topic].partitions])
+        last = time.monotonic()
+        while time.monotonic() - last < idle_s:
+            m = c.poll(0.2)
+            if m is None or m.error():
+                continue
+            last = time.monotonic()
+            h = {k: bytes(v).decode(errors="replace") for k, v in cast(list[tuple[str, bytes]], m.headers() or [])}
+            key = (m.key() or b"?").decode(errors="replace")
+            why = h.get("flopwatch.detail", "").partition(": ")[2][:40]  # a late sample's cause: disorder, idle, cap
+            out[f"{h.get('flopwatch.reason')} {h.get('flopwatch.topic')} {key} {why}".rstrip()] += \
+                int(h.get("flopwatch.rejected", 1))
+    finally:
+        c.close()
+    return dict(out)

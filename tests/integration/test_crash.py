@@ -19,6 +19,7 @@ from tests.integration.helpers import (
     Worker,
     assert_frames_equal,
     assert_rollups_match_frames,
+    dead_letter_summary,
     expected_frames,
     run_worker_until_idle,
     sample_total,
@@ -178,8 +179,10 @@ def test_two_workers_one_sigkilled_frames_stay_exact(native_settings: Settings, 
         return
     # A corrected time may cross a cell boundary the true time did not (DESIGN.md, Time), so
     # the frames and every sensor's sample total must match; cell values are checked elsewhere.
-    info = f"survivor {second.drain()}, killed {first.last}"
+    info = f"survivor {second.drain()}, killed {first.last}, dead-lettered {dead_letter_summary(settings)}"
     assert got.keys() == want.keys(), f"{sorted(want.keys() - got.keys())[:5]} {info}"
     for s in CATALOG:
+        short = {k: (got[k][s.count_column], n) for k, w in want.items()
+                 if (n := w[s.count_column]) != got[k][s.count_column]}
         assert sample_total(got, s.count_column) == sample_total(want, s.count_column), \
-            f"{s.name}: {info}"
+            f"{s.name}: (frame, got, want) differ at {sorted(short.items())[:8]}; {info}"
