@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiokafka import TopicPartition
 
-from agents.ingest.positions import ANSWER_S, Positions
+from agents.ingest.positions import ANSWER_S, TURN_CREDIT_S, Positions
 
 S = 1_000_000_000
 
@@ -47,21 +47,38 @@ def test_quiet_clock_counts_only_confirmed_caught_up_time() -> None:
             kafka.at_ms = {tp: clock["wall"] / 1e6 for tp in kafka.hw}
         pos.tick_quiet(kafka)
 
-    turn(1.0)
-    turn(1.0)
-    assert pos.quiet == {a: 2 * S, b: 0}  # b has unread records: its clock stands
+    for _ in range(5):  # the turns of a worker keeping up count in full
+        turn(0.1)
+    assert pos.quiet == {a: S // 2, b: 0}  # b has unread records: its clock stands
     for _ in range(10):  # the broker is gone: no fetch responses, no quiet time
-        turn(1.0, answered=False)
-    assert pos.quiet[a] == 2 * S + int(ANSWER_S * S)  # responses up to ANSWER_S old still count
-    turn(30.0)  # a stalled loop counts for at most ANSWER_S
-    assert pos.quiet[a] == 2 * S + 2 * int(ANSWER_S * S)
+        turn(0.2, answered=False)
+    assert pos.quiet[a] == S // 2 + int(ANSWER_S * S)  # responses up to ANSWER_S old still count
+    turn(30.0)  # a stalled loop counts for at most one turn's credit
+    assert pos.quiet[a] == S // 2 + int(ANSWER_S * S) + int(TURN_CREDIT_S * S)
     assert pos.lag(kafka) == 3 and pos.unread(kafka) == {b}
     kafka.paused_tps = {a}  # reading paused (ClickHouse away): its last answer no longer confirms anything
-    turn(1.0)
-    assert pos.quiet[a] == 2 * S + 2 * int(ANSWER_S * S)
+    turn(0.1)
+    assert pos.quiet[a] == S // 2 + int(ANSWER_S * S) + int(TURN_CREDIT_S * S)
     kafka.paused_tps = set()
     pos.revoked([a])
     assert a not in pos.quiet and pos.position(a) is None
+
+
+def test_a_slow_turn_counts_as_one_turns_credit_of_quiet() -> None:
+    """During a turn the fetcher cannot run, so records may wait in Kafka unseen: a turn of 1.5 s after a fresh
+    answer is not 1.5 s of confirmed quiet, and under a 1 s idle bound it made a stream that lagged idle."""
+    clock = {"mono": 0, "wall": 1_000 * S}
+    pos = Positions(mono_ns=lambda: clock["mono"], wall_ns=lambda: clock["wall"])
+    a = TopicPartition("sensors.power", 0)
+    kafka = _Fetches()
+    pos.assigned([a])
+    pos.read(a, 9)
+    kafka.hw = {a: 10}
+    kafka.at_ms = {a: clock["wall"] / 1e6}  # caught up at the turn's start
+    clock["mono"] += int(1.5 * S)
+    clock["wall"] += int(1.5 * S)
+    pos.tick_quiet(kafka)
+    assert 0 < pos.quiet[a] == int(TURN_CREDIT_S * S) < S
 
 
 def test_lag_and_unread_while_an_end_or_a_position_is_not_known() -> None:
