@@ -15,8 +15,10 @@ from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import orjson
+from confluent_kafka import Consumer, TopicPartition
 
 from agents.collect.simulator import SimulatorPublisher
+from agents.kafka.topics import Topics, confluent_config
 from agents.settings import Settings, settings_env
 from agents.sinks.clickhouse import open_backend
 from schemas import ddl
@@ -213,10 +215,6 @@ def dead_letter_summary(settings: Settings, idle_s: float = 1.0) -> dict[str, in
     """Records on the dead-letter topic as ``"reason topic key"`` -> samples (a partly refused batch counts its
     refused samples): what a failed exactness check should say, since a sample lost to a frame is either there or
     a bug."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    from agents.kafka.topics import Topics, confluent_config
-
     topic = Topics(settings.topic_prefix).dlq
     c = Consumer(confluent_config(settings) | {"group.id": f"dlq-{time.time_ns()}", "auto.offset.reset": "earliest",
                                                "enable.auto.commit": False, "isolation.level": "read_committed"})

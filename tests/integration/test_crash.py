@@ -125,10 +125,10 @@ def test_two_workers_one_sigkilled_frames_stay_exact(native_settings: Settings, 
     """A rebalance hands the dead worker's partitions (open cells, held samples, clock fits) to the survivor."""
     # A clock-domain sample waits up to 5 s for its beacon, not the suite's 1 s: the rebalance that hands the
     # partitions over can take longer under load, and one full run dead-lettered two messages as no_clock.
-    # A stream counts as idle after 5 s, as in the other fault tests: the quiet clock credits a whole loop turn
-    # (agents.ingest.positions), so under the suite's 1 s one slow turn of a loaded worker made a stream that
-    # lagged a chunk idle, and since the reach its lagging second was late (two full runs: 20 sm_active and 20
-    # pcie_rx samples at the survivor, 40 tensor_active).
+    # A stream counts as idle after 5 s, as in the other fault tests: the quiet clock credited a whole loop turn
+    # (up to 2 s; now at most 0.5 s, agents.ingest.positions), so under the suite's 1 s one slow turn of a loaded
+    # worker made a stream that lagged a chunk idle, and since the reach its lagging second was late (two full
+    # runs: 20 sm_active and 20 pcie_rx samples at the survivor, 40 tensor_active).
     settings = native_settings.replace(flush_interval_ms=200, source_idle_s=5.0, clock_wait_s=5.0)
     duration = 40.0
     # Six nodes cover partitions 0, 1 and 3 of 4, so each worker owns data under the range assignor.
